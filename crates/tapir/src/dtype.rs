@@ -1,0 +1,189 @@
+//! [`Float`]: the sealed scalar trait implemented by `f32` and `f64`.
+//!
+//! Kernels are generic over `Float`; the one place that needs a concrete type is GEMM,
+//! which the trait routes to faer so that faer's own trait bounds stay out of our API.
+
+use std::fmt::{Debug, Display};
+use std::iter::Sum;
+use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// A floating-point element type: `f32` or `f64`. Sealed: no other type implements it.
+pub trait Float:
+    sealed::Sealed
+    + bytemuck::Pod
+    + Default
+    + PartialOrd
+    + Debug
+    + Display
+    + Send
+    + Sync
+    + 'static
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + DivAssign
+    + Sum
+{
+    /// 0.
+    const ZERO: Self;
+    /// 1.
+    const ONE: Self;
+    /// `"f32"` or `"f64"`, as in safetensors' dtype names (`F32`, `F64`) lowercased.
+    const NAME: &'static str;
+    /// Converts from `f64`, rounding to nearest.
+    fn from_f64(v: f64) -> Self;
+    /// Converts to `f64` exactly.
+    fn to_f64(self) -> f64;
+    /// Converts a count, rounding to nearest.
+    fn from_usize(v: usize) -> Self {
+        Self::from_f64(v as f64)
+    }
+    /// `e^x`.
+    fn exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// `ln(1 + x)`, accurate near 0.
+    fn ln_1p(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// Absolute value.
+    fn abs(self) -> Self;
+    /// Sine.
+    fn sin(self) -> Self;
+    /// Cosine.
+    fn cos(self) -> Self;
+    /// Hyperbolic tangent.
+    fn tanh(self) -> Self;
+    /// The error function.
+    fn erf(self) -> Self;
+    /// `self^p`.
+    fn powf(self, p: Self) -> Self;
+    /// The larger of two values (NaN-propagating is not promised).
+    fn max(self, other: Self) -> Self;
+    /// The smaller of two values.
+    fn min(self, other: Self) -> Self;
+    /// Neither NaN nor infinite.
+    fn is_finite(self) -> bool;
+    /// Not a number.
+    fn is_nan(self) -> bool;
+    /// Negative infinity.
+    fn neg_infinity() -> Self;
+    /// `dst ← alpha·op(a)·op(b) + (dst if accumulate)` for row-major slices, where `op`
+    /// transposes when asked; `dst` is `m×n`, `op(a)` is `m×k`, `op(b)` is `k×n`.
+    #[allow(clippy::too_many_arguments)]
+    #[doc(hidden)]
+    fn gemm(
+        dst: &mut [Self],
+        a: &[Self],
+        a_t: bool,
+        b: &[Self],
+        b_t: bool,
+        mkn: (usize, usize, usize),
+        accumulate: bool,
+        par: faer::Par,
+    );
+}
+
+macro_rules! impl_float {
+    ($t:ty, $name:literal, $erf:path) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NAME: &'static str = $name;
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline]
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
+            }
+            #[inline]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            #[inline]
+            fn sin(self) -> Self {
+                <$t>::sin(self)
+            }
+            #[inline]
+            fn cos(self) -> Self {
+                <$t>::cos(self)
+            }
+            #[inline]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            #[inline]
+            fn erf(self) -> Self {
+                $erf(self)
+            }
+            #[inline]
+            fn powf(self, p: Self) -> Self {
+                <$t>::powf(self, p)
+            }
+            #[inline]
+            fn max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
+            #[inline]
+            fn min(self, other: Self) -> Self {
+                <$t>::min(self, other)
+            }
+            #[inline]
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
+            }
+            #[inline]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            #[inline]
+            fn neg_infinity() -> Self {
+                <$t>::NEG_INFINITY
+            }
+            fn gemm(
+                dst: &mut [Self],
+                a: &[Self],
+                a_t: bool,
+                b: &[Self],
+                b_t: bool,
+                (m, k, n): (usize, usize, usize),
+                accumulate: bool,
+                par: faer::Par,
+            ) {
+                crate::kernels::matmul::gemm(dst, a, a_t, b, b_t, (m, k, n), accumulate, par)
+            }
+        }
+    };
+}
+
+impl_float!(f32, "f32", libm::erff);
+impl_float!(f64, "f64", libm::erf);

@@ -1,0 +1,279 @@
+//! The crate's single error type.
+//!
+//! Every message starts with the op's name, prints every shape involved, says what would
+//! have been valid where that is short, and ends with the caller's source location (taken
+//! with `#[track_caller]`), so a failure in a long model points at the line that caused it.
+
+use std::panic::Location;
+
+use crate::shape::Shape;
+
+/// A caller's source location, as recorded by `#[track_caller]`.
+pub type Loc = &'static Location<'static>;
+
+/// `std::result::Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when building, differentiating or loading tensors.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two shapes had to be equal.
+    #[error("{op}: shapes {lhs} and {rhs} must be equal (at {location})")]
+    ShapeMismatch {
+        /// The op.
+        op: &'static str,
+        /// First operand's shape.
+        lhs: Shape,
+        /// Second operand's shape.
+        rhs: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// Two shapes cannot be broadcast together.
+    #[error("{op}: shapes {lhs} and {rhs} cannot be broadcast (aligned from the right, each pair of dimensions must be equal or contain a 1) (at {location})")]
+    Broadcast {
+        /// The op.
+        op: &'static str,
+        /// First operand's shape.
+        lhs: Shape,
+        /// Second operand's shape (or the target shape of `broadcast_to`).
+        rhs: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// Matrix product with incompatible shapes.
+    #[error("matmul: {lhs} × {rhs} needs rank >= 2, lhs columns == rhs rows and broadcastable batch dimensions (at {location})")]
+    MatMulShape {
+        /// Left operand's shape.
+        lhs: Shape,
+        /// Right operand's shape.
+        rhs: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// An axis outside the tensor's rank.
+    #[error("{op}: axis {axis} is out of range for shape {shape} (valid: -{rank}..{rank}) (at {location})", rank = shape.rank())]
+    BadAxis {
+        /// The op.
+        op: &'static str,
+        /// The axis as given.
+        axis: isize,
+        /// The operand's shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// An invalid shape argument: wrong element count, rank above 6, overflow, bad permutation.
+    #[error("{op}: {detail} (input shape {shape}) (at {location})")]
+    InvalidShape {
+        /// The op.
+        op: &'static str,
+        /// The operand's shape.
+        shape: Shape,
+        /// What is wrong, with the requested dimensions.
+        detail: String,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// Shapes given as a list (concat, stack) disagree.
+    #[error("{op}: shapes {} disagree along axes other than {axis} (at {location})", list(.shapes))]
+    ShapeList {
+        /// The op.
+        op: &'static str,
+        /// Every operand's shape.
+        shapes: Vec<Shape>,
+        /// The concatenation axis.
+        axis: usize,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// An index or class label out of range.
+    #[error("{op}: index {index} is out of range for dimension of size {len} (shape {shape}) (at {location})")]
+    IndexOutOfRange {
+        /// The op.
+        op: &'static str,
+        /// The offending index.
+        index: usize,
+        /// The size of the indexed dimension.
+        len: usize,
+        /// The indexed operand's shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// A buffer's length does not match the shape it is given.
+    #[error("{op}: {len} elements cannot have shape {shape} ({numel} elements) (at {location})", numel = shape.numel())]
+    DataLength {
+        /// The op.
+        op: &'static str,
+        /// Length of the data.
+        len: usize,
+        /// Requested shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// An op that needs exactly one element got more or fewer.
+    #[error("{op}: needs a tensor with exactly one element, got shape {shape} (reduce it with sum or mean first) (at {location})")]
+    NotScalar {
+        /// The op.
+        op: &'static str,
+        /// The operand's shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// A second backward over a tape that the first one consumed.
+    #[error("backward: this tape was already consumed by a backward pass; record the graph again in a new scope, or use backward_retain for the first pass (at {location})")]
+    BackwardTwice {
+        /// Caller's location.
+        location: Loc,
+    },
+    /// The arena's byte limit would be exceeded.
+    #[error("{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})")]
+    ArenaLimit {
+        /// The op that needed memory.
+        op: &'static str,
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes in use before the request.
+        in_use: usize,
+        /// The configured limit.
+        limit: usize,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// The system allocator refused memory for the arena.
+    #[error("{op}: out of memory allocating {requested} bytes for the arena (at {location})")]
+    OutOfMemory {
+        /// The op that needed memory.
+        op: &'static str,
+        /// Bytes requested.
+        requested: usize,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// More nodes than a `u32` can index.
+    #[error("{op}: tape holds {len} nodes, the u32 limit; split the work into scopes (at {location})")]
+    TapeFull {
+        /// The op being recorded.
+        op: &'static str,
+        /// Nodes on the tape.
+        len: usize,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// Anomaly detection found a NaN or infinity.
+    #[error("{op}: produced a non-finite value in the {phase} pass (shape {shape}) (recorded at {location})")]
+    NonFinite {
+        /// The op whose output (forward) or input gradient (backward) was not finite.
+        op: &'static str,
+        /// `"forward"` or `"backward"`.
+        phase: &'static str,
+        /// The shape of the offending tensor.
+        shape: Shape,
+        /// Where the op was recorded.
+        location: Loc,
+    },
+    /// A scalar argument out of its domain (a negative slope is fine, a NaN bound is not).
+    #[error("{op}: {detail} (at {location})")]
+    InvalidArgument {
+        /// The op.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// A parameter id that does not belong to the store, or a gradient buffer of another store.
+    #[error("{op}: {detail} (at {location})")]
+    UnknownParam {
+        /// The op.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// Reading or writing a checkpoint failed.
+    #[error("{op}: {detail}")]
+    Io {
+        /// The operation (`"save"`, `"load"`).
+        op: &'static str,
+        /// What went wrong, naming the tensor and shapes where relevant.
+        detail: String,
+    },
+}
+
+fn list(shapes: &[Shape]) -> String {
+    let parts: Vec<String> = shapes.iter().map(ToString::to_string).collect();
+    parts.join(", ")
+}
+
+impl Error {
+    /// The op named by this error (`"load"` and `"save"` for I/O).
+    pub fn op(&self) -> &'static str {
+        match self {
+            Error::MatMulShape { .. } => "matmul",
+            Error::BackwardTwice { .. } => "backward",
+            Error::ShapeMismatch { op, .. }
+            | Error::Broadcast { op, .. }
+            | Error::BadAxis { op, .. }
+            | Error::InvalidShape { op, .. }
+            | Error::ShapeList { op, .. }
+            | Error::IndexOutOfRange { op, .. }
+            | Error::DataLength { op, .. }
+            | Error::NotScalar { op, .. }
+            | Error::ArenaLimit { op, .. }
+            | Error::OutOfMemory { op, .. }
+            | Error::TapeFull { op, .. }
+            | Error::NonFinite { op, .. }
+            | Error::InvalidArgument { op, .. }
+            | Error::UnknownParam { op, .. }
+            | Error::Io { op, .. } => op,
+        }
+    }
+
+    /// Where the caller was when the error arose, if it came from a call site.
+    pub fn location(&self) -> Option<Loc> {
+        match self {
+            Error::Io { .. } => None,
+            Error::MatMulShape { location, .. }
+            | Error::BackwardTwice { location }
+            | Error::ShapeMismatch { location, .. }
+            | Error::Broadcast { location, .. }
+            | Error::BadAxis { location, .. }
+            | Error::InvalidShape { location, .. }
+            | Error::ShapeList { location, .. }
+            | Error::IndexOutOfRange { location, .. }
+            | Error::DataLength { location, .. }
+            | Error::NotScalar { location, .. }
+            | Error::ArenaLimit { location, .. }
+            | Error::OutOfMemory { location, .. }
+            | Error::TapeFull { location, .. }
+            | Error::NonFinite { location, .. }
+            | Error::InvalidArgument { location, .. }
+            | Error::UnknownParam { location, .. } => Some(location),
+        }
+    }
+}
+
+/// Makes a [`Shape`] from dimensions, or the [`Error::InvalidShape`] that names `op`.
+#[track_caller]
+pub(crate) fn shape_of(op: &'static str, input: Shape, dims: &[usize]) -> Result<Shape> {
+    let location = Location::caller();
+    Shape::new(dims).map_err(|p| Error::InvalidShape {
+        op,
+        shape: input,
+        detail: match p {
+            crate::shape::ShapeProblem::Rank(r) => {
+                format!("requested dimensions {dims:?} have rank {r}, above the maximum {}", crate::shape::MAX_RANK)
+            }
+            crate::shape::ShapeProblem::Overflow => {
+                format!("requested dimensions {dims:?} overflow the element count")
+            }
+        },
+        location,
+    })
+}

@@ -1,0 +1,127 @@
+//! GEMM through faer: the only file that calls faer's matrix product.
+//!
+//! Row-major slices become faer views with `from_row_major_slice`; transposes are views
+//! (`.transpose()`), never copies; backward accumulates with `Accum::Add`.
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+
+use crate::shape::Shape;
+use crate::Float;
+
+/// `dst (m×n) ← op(a)·op(b) (+ dst if accumulate)`, all row-major.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<T>(
+    dst: &mut [T],
+    a: &[T],
+    a_t: bool,
+    b: &[T],
+    b_t: bool,
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+    par: Par,
+) where
+    T: faer::traits::ComplexField + faer::traits::Conjugate<Canonical = T> + Float,
+{
+    let dst = MatMut::from_row_major_slice_mut(dst, m, n);
+    let a = if a_t { MatRef::from_row_major_slice(a, k, m).transpose() } else { MatRef::from_row_major_slice(a, m, k) };
+    let b = if b_t { MatRef::from_row_major_slice(b, n, k).transpose() } else { MatRef::from_row_major_slice(b, k, n) };
+    let beta = if accumulate { Accum::Add } else { Accum::Replace };
+    matmul(dst, beta, a, b, T::ONE, par);
+}
+
+/// The shapes of a (batched) product: `a: [..., m, k]`, `b: [..., k, n]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatMulDims {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// Broadcast batch shape (rank 0 for a plain 2-D product).
+    pub batch: Shape,
+    pub a_batch: Shape,
+    pub b_batch: Shape,
+}
+
+impl MatMulDims {
+    /// `None` if ranks are below 2, inner sizes differ or batch dims do not broadcast.
+    pub(crate) fn new(a: &Shape, b: &Shape) -> Option<(MatMulDims, Shape)> {
+        let (ra, rb) = (a.rank(), b.rank());
+        if ra < 2 || rb < 2 {
+            return None;
+        }
+        let (m, k) = (a.dim(ra - 2), a.dim(ra - 1));
+        let (k2, n) = (b.dim(rb - 2), b.dim(rb - 1));
+        if k != k2 {
+            return None;
+        }
+        let a_batch = Shape::new(&a.to_vec()[..ra - 2]).ok()?;
+        let b_batch = Shape::new(&b.to_vec()[..rb - 2]).ok()?;
+        let batch = a_batch.broadcast(&b_batch)?;
+        let mut out = batch.to_vec();
+        out.extend([m, n]);
+        let out = Shape::new(&out).ok()?;
+        Some((MatMulDims { m, k, n, batch, a_batch, b_batch }, out))
+    }
+
+    /// Calls `f(batch, a_batch, b_batch)` with matrix indices for every output matrix.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(usize, usize, usize)) {
+        if self.batch.rank() == 0 {
+            f(0, 0, 0);
+            return;
+        }
+        let sa = self.a_batch.broadcast_strides(&self.batch);
+        let sb = self.b_batch.broadcast_strides(&self.batch);
+        super::for_each2(&self.batch, &sa, &sb, |o, ia, ib| f(o, ia, ib));
+    }
+}
+
+/// Batched forward: `out[i] = a[ia] · b[ib]`.
+pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T], par: Par) {
+    let (m, k, n) = (d.m, d.k, d.n);
+    d.for_each(|o, ia, ib| {
+        T::gemm(
+            &mut out[o * m * n..(o + 1) * m * n],
+            &a[ia * m * k..(ia + 1) * m * k],
+            false,
+            &b[ib * k * n..(ib + 1) * k * n],
+            false,
+            (m, k, n),
+            false,
+            par,
+        );
+    });
+}
+
+/// `da[ia] += dout[i] · b[ib]ᵀ` over the batch.
+pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], par: Par) {
+    let (m, k, n) = (d.m, d.k, d.n);
+    d.for_each(|o, ia, ib| {
+        T::gemm(
+            &mut da[ia * m * k..(ia + 1) * m * k],
+            &dout[o * m * n..(o + 1) * m * n],
+            false,
+            &b[ib * k * n..(ib + 1) * k * n],
+            true,
+            (m, n, k),
+            true,
+            par,
+        );
+    });
+}
+
+/// `db[ib] += a[ia]ᵀ · dout[i]` over the batch.
+pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], par: Par) {
+    let (m, k, n) = (d.m, d.k, d.n);
+    d.for_each(|o, ia, ib| {
+        T::gemm(
+            &mut db[ib * k * n..(ib + 1) * k * n],
+            &a[ia * m * k..(ia + 1) * m * k],
+            true,
+            &dout[o * m * n..(o + 1) * m * n],
+            false,
+            (k, m, n),
+            true,
+            par,
+        );
+    });
+}

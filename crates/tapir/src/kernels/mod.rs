@@ -1,0 +1,352 @@
+//! Slice-in, slice-out math. Kernels never see `NodeId`s, scopes or the tape: shapes and
+//! slices in, slices out. Graph ops and eager [`Tensor`](crate::Tensor) ops share them.
+
+pub(crate) mod matmul;
+
+use crate::shape::{Shape, MAX_RANK};
+use crate::Float;
+
+/// Calls `f(out, [i0, i1, ...])` for every element of `out` in row-major order, where
+/// each `ik` is an offset under `strides[k]` (aligned to `out`'s rank; 0 where that input
+/// is broadcast). The innermost dimension is a tight loop.
+#[inline]
+pub(crate) fn for_each_n<const N: usize>(
+    out: &Shape,
+    strides: [&[usize; MAX_RANK]; N],
+    mut f: impl FnMut(usize, [usize; N]),
+) {
+    let r = out.rank();
+    if r == 0 {
+        f(0, [0; N]);
+        return;
+    }
+    if out.numel() == 0 {
+        return;
+    }
+    let inner = out.dim(r - 1);
+    let step: [usize; N] = std::array::from_fn(|k| strides[k][r - 1]);
+    let mut idx = [0usize; MAX_RANK];
+    let mut base = [0usize; N];
+    let mut o = 0usize;
+    loop {
+        for j in 0..inner {
+            f(o + j, std::array::from_fn(|k| base[k] + j * step[k]));
+        }
+        o += inner;
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..N {
+                base[k] += strides[k][d];
+            }
+            if idx[d] < out.dim(d) {
+                break;
+            }
+            for k in 0..N {
+                base[k] -= strides[k][d] * idx[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// [`for_each_n`] for two inputs: `f(out, ia, ib)`.
+#[inline]
+pub(crate) fn for_each2(
+    out: &Shape,
+    sa: &[usize; MAX_RANK],
+    sb: &[usize; MAX_RANK],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    for_each_n(out, [sa, sb], |o, [ia, ib]| f(o, ia, ib));
+}
+
+/// Calls `f(out, ia, ib)` over `out`, with `a` and `b` broadcast to it.
+#[inline]
+pub(crate) fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, f: impl FnMut(usize, usize, usize)) {
+    for_each2(out, &a.broadcast_strides(out), &b.broadcast_strides(out), f);
+}
+
+/// `out[i] = f(a[ia], b[ib])` with broadcasting; `out` has shape `so`.
+#[inline]
+pub(crate) fn binary<T: Float>(
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (out, so): (&mut [T], &Shape),
+    f: impl Fn(T, T) -> T,
+) {
+    if sa == so && sb == so {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    } else if sa == so && b.len() == 1 {
+        let y = b[0];
+        for (o, &x) in out.iter_mut().zip(a) {
+            *o = f(x, y);
+        }
+    } else {
+        for_each_broadcast(so, sa, sb, |i, ia, ib| out[i] = f(a[ia], b[ib]));
+    }
+}
+
+/// `da[ia] += g(dout[i], a[ia], b[ib])`: the gradient of a broadcast binary op with
+/// respect to `a`, summed over the dimensions along which `a` was broadcast.
+#[inline]
+pub(crate) fn binary_grad<T: Float>(
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T,
+) {
+    if sa == so && sb == so {
+        for (((d, &go), &x), &y) in da.iter_mut().zip(dout).zip(a).zip(b) {
+            *d += g(go, x, y);
+        }
+    } else {
+        for_each_broadcast(so, sa, sb, |i, ia, ib| da[ia] += g(dout[i], a[ia], b[ib]));
+    }
+}
+
+/// `out[i] = f(x[i])`.
+#[inline]
+pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f(v);
+    }
+}
+
+/// `dx[i] += dout[i] · d(x[i], y[i])` for an elementwise `y = f(x)`.
+#[inline]
+pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
+    for (((g, &go), &xv), &yv) in dx.iter_mut().zip(dout).zip(x).zip(y) {
+        *g += go * d(xv, yv);
+    }
+}
+
+/// `dst[i] += src[i]`.
+#[inline]
+pub(crate) fn add_assign<T: Float>(dst: &mut [T], src: &[T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += s;
+    }
+}
+
+/// `dst[i] += c · src[i]`.
+#[inline]
+pub(crate) fn axpy<T: Float>(dst: &mut [T], c: T, src: &[T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += c * s;
+    }
+}
+
+/// Sum of all elements, in eight lanes (vectorisable, and more accurate than a running sum).
+pub(crate) fn sum<T: Float>(x: &[T]) -> T {
+    let mut lanes = [T::ZERO; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    let mut total = T::ZERO;
+    for l in lanes {
+        total += l;
+    }
+    for &v in rest {
+        total += v;
+    }
+    total
+}
+
+/// `out[o, i] = Σ_l x[o, l, i]` for `x` viewed as `(outer, len, inner)`; `out` is zeroed.
+pub(crate) fn sum_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, usize), out: &mut [T]) {
+    for o in 0..outer {
+        let dst = &mut out[o * inner..(o + 1) * inner];
+        for l in 0..len {
+            add_assign(dst, &x[(o * len + l) * inner..(o * len + l + 1) * inner]);
+        }
+    }
+}
+
+/// `dx[o, l, i] += dout[o, i]`: the gradient of [`sum_axis`].
+pub(crate) fn sum_axis_grad<T: Float>(dout: &[T], (outer, len, inner): (usize, usize, usize), dx: &mut [T]) {
+    for o in 0..outer {
+        let src = &dout[o * inner..(o + 1) * inner];
+        for l in 0..len {
+            add_assign(&mut dx[(o * len + l) * inner..(o * len + l + 1) * inner], src);
+        }
+    }
+}
+
+/// `out[o, i] = pick_l x[o, l, i]` where `better(candidate, best)` says when to switch.
+/// `len` must be at least 1.
+pub(crate) fn select_axis<T: Float>(
+    x: &[T],
+    (outer, len, inner): (usize, usize, usize),
+    out: &mut [T],
+    better: impl Fn(T, T) -> bool,
+) {
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut best = x[o * len * inner + i];
+            for l in 1..len {
+                let v = x[(o * len + l) * inner + i];
+                if better(v, best) {
+                    best = v;
+                }
+            }
+            out[o * inner + i] = best;
+        }
+    }
+}
+
+/// Gradient of [`select_axis`]: `dout` goes to the first element equal to the selected one.
+pub(crate) fn select_axis_grad<T: Float>(
+    dout: &[T],
+    x: &[T],
+    y: &[T],
+    (outer, len, inner): (usize, usize, usize),
+    dx: &mut [T],
+) {
+    for o in 0..outer {
+        for i in 0..inner {
+            let target = y[o * inner + i];
+            for l in 0..len {
+                let at = (o * len + l) * inner + i;
+                // NaN never equals itself; a NaN maximum sends its gradient nowhere.
+                if x[at] == target {
+                    dx[at] += dout[o * inner + i];
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `out[o, i] = log Σ_l exp(x[o, l, i])`, shifted by the maximum for stability.
+pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, usize), out: &mut [T]) {
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |l: usize| x[(o * len + l) * inner + i];
+            let mut m = T::neg_infinity();
+            for l in 0..len {
+                m = m.max(at(l));
+            }
+            out[o * inner + i] = if m.is_finite() {
+                let mut s = T::ZERO;
+                for l in 0..len {
+                    s += (at(l) - m).exp();
+                }
+                m + s.ln()
+            } else {
+                m
+            };
+        }
+    }
+}
+
+/// Softmax along the axis: `y = exp(x - lse)`; with `log`, `y = x - lse`.
+pub(crate) fn softmax_axis<T: Float>(x: &[T], dims: (usize, usize, usize), out: &mut [T], log: bool) {
+    let (outer, len, inner) = dims;
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |l: usize| (o * len + l) * inner + i;
+            let mut m = T::neg_infinity();
+            for l in 0..len {
+                m = m.max(x[at(l)]);
+            }
+            let mut s = T::ZERO;
+            for l in 0..len {
+                s += (x[at(l)] - m).exp();
+            }
+            let lse = m + s.ln();
+            for l in 0..len {
+                out[at(l)] = if log { x[at(l)] - lse } else { (x[at(l)] - lse).exp() };
+            }
+        }
+    }
+}
+
+/// Gradient of softmax (`log == false`, `y` the probabilities):
+/// `dx += y ⊙ (dy − Σ dy ⊙ y)`; of log-softmax (`y` the log-probabilities):
+/// `dx += dy − exp(y) Σ dy`.
+pub(crate) fn softmax_axis_grad<T: Float>(dy: &[T], y: &[T], dims: (usize, usize, usize), dx: &mut [T], log: bool) {
+    let (outer, len, inner) = dims;
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |l: usize| (o * len + l) * inner + i;
+            let mut s = T::ZERO;
+            for l in 0..len {
+                s += if log { dy[at(l)] } else { dy[at(l)] * y[at(l)] };
+            }
+            for l in 0..len {
+                dx[at(l)] += if log { dy[at(l)] - y[at(l)].exp() * s } else { y[at(l)] * (dy[at(l)] - s) };
+            }
+        }
+    }
+}
+
+/// `out[p] = x[perm-strided p]`: copies `x` (shape `sx`) into `out` (shape `so`, the
+/// permuted shape) with the input strides rearranged by `axes`.
+pub(crate) fn permute<T: Float>(x: &[T], sx: &Shape, axes: &[usize], so: &Shape, out: &mut [T]) {
+    let s = sx.strides();
+    let mut st = [0; MAX_RANK];
+    for (i, &a) in axes.iter().enumerate() {
+        st[i] = s[a];
+    }
+    for_each2(so, &st, &[0; MAX_RANK], |o, ix, _| out[o] = x[ix]);
+}
+
+/// `dx[perm p] += dout[p]`: the gradient of [`permute`].
+pub(crate) fn permute_grad<T: Float>(dout: &[T], sx: &Shape, axes: &[usize], so: &Shape, dx: &mut [T]) {
+    let s = sx.strides();
+    let mut st = [0; MAX_RANK];
+    for (i, &a) in axes.iter().enumerate() {
+        st[i] = s[a];
+    }
+    for_each2(so, &st, &[0; MAX_RANK], |o, ix, _| dx[ix] += dout[o]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(d: &[usize]) -> Shape {
+        Shape::new(d).unwrap()
+    }
+
+    #[test]
+    fn broadcast_add_matches_hand_result() {
+        // [[1], [2]] + [10, 20, 30] = [[11, 21, 31], [12, 22, 32]]
+        let (a, b) = ([1.0f64, 2.0], [10.0, 20.0, 30.0]);
+        let mut out = [0.0; 6];
+        binary((&a, &shape(&[2, 1])), (&b, &shape(&[3])), (&mut out, &shape(&[2, 3])), |x, y| x + y);
+        assert_eq!(out, [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
+    }
+
+    #[test]
+    fn permute_transposes() {
+        let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut out = [0.0; 6];
+        permute(&x, &shape(&[2, 3]), &[1, 0], &shape(&[3, 2]), &mut out);
+        assert_eq!(out, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    }
+
+    #[test]
+    fn gemm_matches_naive() {
+        // [[1, 2], [3, 4]] · [[5, 6], [7, 8]] = [[19, 22], [43, 50]]
+        let (a, b) = ([1.0f64, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
+        let mut c = [0.0; 4];
+        f64::gemm(&mut c, &a, false, &b, false, (2, 2, 2), false, faer::Par::Seq);
+        assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
+        // aᵀ · b = [[26, 30], [38, 44]], accumulated onto the previous result.
+        f64::gemm(&mut c, &a, true, &b, false, (2, 2, 2), true, faer::Par::Seq);
+        assert_eq!(c, [45.0, 52.0, 81.0, 94.0]);
+    }
+}

@@ -1,0 +1,157 @@
+//! Losses, each the mean over the batch:
+//!
+//! - `cross_entropy(logits [N, C], labels)`: `L = (1/N) Σᵢ (lse(xᵢ) − xᵢ[yᵢ])`, fused and
+//!   stable; `dx[i, c] += dout/N · (softmax(xᵢ)[c] − [c = yᵢ])`.
+//! - `nll_loss(logp [N, C], labels)`: `L = −(1/N) Σᵢ logpᵢ[yᵢ]`; `dlogp[i, yᵢ] += −dout/N`.
+//! - `bce_with_logits(x, y)`: `L = mean(max(x, 0) − x·y + ln(1 + e^−|x|))`;
+//!   `dx += dout/n · (σ(x) − y)`, `dy += dout/n · (−x)`.
+//! - `mse_loss(a, b)`: `mean((a − b)²)`, composed from `sub`, `square` and `mean`.
+
+use crate::error::{Error, Result};
+use crate::graph::backward::BackwardCtx;
+use crate::graph::scope::Rec;
+use crate::graph::{NodeId, Var};
+use crate::ops::unary::{sigmoid, softplus};
+use crate::ops::Op;
+use crate::shape::Shape;
+use crate::Float;
+
+/// Checks `x` is `[N, C]` and every label is below `C`; stores the labels; returns `(N, C, at)`.
+fn labels_for<T: Float>(r: &mut Rec<'_, '_, T>, shape: Shape, labels: &[usize]) -> Result<(usize, usize, u32)> {
+    if shape.rank() != 2 || shape.dim(0) != labels.len() {
+        return Err(Error::InvalidShape {
+            op: r.op,
+            shape,
+            detail: format!("needs input of shape [N, C] with N = {} labels", labels.len()),
+            location: r.location,
+        });
+    }
+    let c = shape.dim(1);
+    if let Some(&bad) = labels.iter().find(|&&l| l >= c) {
+        return Err(Error::IndexOutOfRange { op: r.op, index: bad, len: c, shape, location: r.location });
+    }
+    let at = r.extra(labels.iter().map(|&l| l as u32))?;
+    Ok((labels.len(), c, at))
+}
+
+/// `ln Σ exp(row)`, shifted by the maximum.
+fn row_lse<T: Float>(row: &[T]) -> T {
+    let m = row.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+    if !m.is_finite() {
+        return m;
+    }
+    m + row.iter().map(|&v| (v - m).exp()).sum::<T>().ln()
+}
+
+impl<'s, T: Float> Var<'s, T> {
+    /// Softmax cross-entropy of logits `[N, C]` against integer class labels, averaged
+    /// over the batch (PyTorch's `F.cross_entropy`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] unless the input is `[N, C]` with `N = labels.len()`;
+    /// [`Error::IndexOutOfRange`] for a label `≥ C` (both recorded).
+    #[track_caller]
+    pub fn cross_entropy(self, labels: &[usize]) -> Var<'s, T> {
+        self.core.record("cross_entropy", |r| {
+            let shape = r.shape(self.id);
+            let (n, c, at) = labels_for(r, shape, labels)?;
+            let x = r.value(self.id);
+            let mut total = T::ZERO;
+            for (i, &y) in labels.iter().enumerate() {
+                let row = &x[i * c..(i + 1) * c];
+                total += row_lse(row) - row[y];
+            }
+            let out = r.alloc_iter(std::iter::once(total / T::from_usize(n)))?;
+            Ok((Op::CrossEntropy { logits: self.id, labels: at }, Shape::scalar(), out))
+        })
+    }
+
+    /// Negative log-likelihood of log-probabilities `[N, C]` at the labels, averaged.
+    ///
+    /// # Errors
+    /// As [`cross_entropy`](Var::cross_entropy).
+    #[track_caller]
+    pub fn nll_loss(self, labels: &[usize]) -> Var<'s, T> {
+        self.core.record("nll_loss", |r| {
+            let shape = r.shape(self.id);
+            let (n, c, at) = labels_for(r, shape, labels)?;
+            let x = r.value(self.id);
+            let total: T = labels.iter().enumerate().map(|(i, &y)| x[i * c + y]).sum();
+            let out = r.alloc_iter(std::iter::once(-total / T::from_usize(n)))?;
+            Ok((Op::Nll { logp: self.id, labels: at }, Shape::scalar(), out))
+        })
+    }
+
+    /// Binary cross-entropy of logits `self` against targets `y` in `[0, 1]` (same
+    /// shape), averaged, computed stably (PyTorch's `binary_cross_entropy_with_logits`).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] (recorded) if the shapes differ.
+    #[track_caller]
+    pub fn bce_with_logits(self, y: Var<'s, T>) -> Var<'s, T> {
+        let each = self.core.record("bce_with_logits", |r| {
+            let (sx, sy) = (r.shape(self.id), r.shape(y.id));
+            if sx != sy {
+                return Err(Error::ShapeMismatch { op: "bce_with_logits", lhs: sx, rhs: sy, location: r.location });
+            }
+            let (x, t) = (r.value(self.id), r.value(y.id));
+            let out = r.alloc_iter(x.iter().zip(t).map(|(&x, &t)| softplus(x) - x * t))?;
+            Ok((Op::BceWithLogits { x: self.id, y: y.id }, sx, out))
+        });
+        each.mean()
+    }
+
+    /// Mean squared error `mean((self − target)²)`; shapes broadcast.
+    #[track_caller]
+    pub fn mse_loss(self, target: Var<'s, T>) -> Var<'s, T> {
+        (self - target).square().mean()
+    }
+}
+
+pub(crate) fn backward_cross_entropy<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, logits: NodeId<'s>, labels: u32) -> Result<()> {
+    let shape = ctx.shape(logits);
+    let (n, c) = (shape.dim(0), shape.dim(1));
+    let labels = ctx.extra(labels, n);
+    let x = ctx.value(logits);
+    if let Some((dout, dx)) = ctx.grad_pair(out, logits)? {
+        let scale = dout[0] / T::from_usize(n);
+        for (i, &y) in labels.iter().enumerate() {
+            let row = &x[i * c..(i + 1) * c];
+            let lse = row_lse(row);
+            let drow = &mut dx[i * c..(i + 1) * c];
+            for (d, &v) in drow.iter_mut().zip(row) {
+                *d += scale * (v - lse).exp();
+            }
+            drow[y as usize] -= scale;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn backward_nll<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, logp: NodeId<'s>, labels: u32) -> Result<()> {
+    let shape = ctx.shape(logp);
+    let (n, c) = (shape.dim(0), shape.dim(1));
+    let labels = ctx.extra(labels, n);
+    if let Some((dout, dx)) = ctx.grad_pair(out, logp)? {
+        let scale = dout[0] / T::from_usize(n);
+        for (i, &y) in labels.iter().enumerate() {
+            dx[i * c + y as usize] -= scale;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn backward_bce<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, y: NodeId<'s>) -> Result<()> {
+    let (xv, yv) = (ctx.value(x), ctx.value(y));
+    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+        for ((d, (&g, &xi)), &yi) in dx.iter_mut().zip(dout.iter().zip(xv)).zip(yv) {
+            *d += g * (sigmoid(xi) - yi);
+        }
+    }
+    if let Some((dout, dy)) = ctx.grad_pair(out, y)? {
+        for (d, (&g, &xi)) in dy.iter_mut().zip(dout.iter().zip(xv)) {
+            *d -= g * xi;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! Matrix product `out = a · b` for `a: [..., m, k]`, `b: [..., k, n]`, batch dimensions
+//! broadcast (NumPy `matmul` rules; both operands need rank ≥ 2).
+//!
+//! Backward, with `dout = ∂L/∂out` (`[..., m, n]`):
+//! `da += dout · bᵀ` and `db += aᵀ · dout`, summed over broadcast batch dimensions.
+//! Both products run through faer with transposed views (no transpose is materialised)
+//! and `Accum::Add` into the existing gradient buffers, so `x · x` gets both terms.
+
+use crate::error::{Error, Result};
+use crate::graph::backward::BackwardCtx;
+use crate::graph::{NodeId, Var};
+use crate::kernels::matmul::{self as kmatmul, MatMulDims};
+use crate::ops::Op;
+use crate::Float;
+
+impl<'s, T: Float> Var<'s, T> {
+    /// Matrix product (batched, with broadcast batch dimensions).
+    ///
+    /// # Errors
+    /// [`Error::MatMulShape`] (recorded) unless both ranks are ≥ 2, `a`'s last dimension
+    /// equals `b`'s second-to-last, and the batch dimensions broadcast.
+    #[track_caller]
+    pub fn matmul(self, b: Var<'s, T>) -> Var<'s, T> {
+        let par = self.core.par;
+        self.core.record("matmul", |r| {
+            let (sa, sb) = (r.shape(self.id), r.shape(b.id));
+            let (dims, so) = MatMulDims::new(&sa, &sb).ok_or(Error::MatMulShape { lhs: sa, rhs: sb, location: r.location })?;
+            let out = r.alloc(so.numel())?;
+            kmatmul::forward(&dims, r.value(self.id), r.value(b.id), out, par);
+            Ok((Op::MatMul { a: self.id, b: b.id }, so, out))
+        })
+    }
+}
+
+pub(crate) fn backward<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+    let dims = MatMulDims::new(&ctx.shape(a), &ctx.shape(b)).expect("shapes were checked when matmul was recorded").0;
+    let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
+    if let Some((dout, da)) = ctx.grad_pair(out, a)? {
+        kmatmul::backward_a(&dims, dout, vb, da, par);
+    }
+    if let Some((dout, db)) = ctx.grad_pair(out, b)? {
+        kmatmul::backward_b(&dims, dout, va, db, par);
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! `softmax` and `log_softmax` along one axis, computed stably (shifted by the maximum).
+//!
+//! Forward: `y = exp(x − lse(x))`, and `log_softmax`: `y = x − lse(x)`, where
+//! `lse(x) = m + ln Σ exp(x − m)`, `m = max x`.
+//! Backward, along the axis: softmax `dx += y ⊙ (dy − Σ dy ⊙ y)`;
+//! log-softmax `dx += dy − exp(y) Σ dy`. Both are primitives rather than compositions
+//! of `exp`, `sum` and `div`, which would overflow for large inputs.
+
+use crate::error::Result;
+use crate::graph::backward::BackwardCtx;
+use crate::graph::{NodeId, Var};
+use crate::kernels;
+use crate::ops::Op;
+use crate::Float;
+
+impl<'s, T: Float> Var<'s, T> {
+    #[track_caller]
+    fn softmax_impl(self, axis: isize, log: bool) -> Var<'s, T> {
+        let name = if log { "log_softmax" } else { "softmax" };
+        self.core.record(name, |r| {
+            let shape = r.shape(self.id);
+            let ax = r.axis(shape, axis)?;
+            let out = r.alloc(shape.numel())?;
+            kernels::softmax_axis(r.value(self.id), shape.split_at_axis(ax), out, log);
+            let op = if log { Op::LogSoftmax { x: self.id, axis: ax as u8 } } else { Op::Softmax { x: self.id, axis: ax as u8 } };
+            Ok((op, shape, out))
+        })
+    }
+
+    /// Softmax along `axis` (negative counts from the end).
+    #[track_caller]
+    pub fn softmax(self, axis: isize) -> Var<'s, T> {
+        self.softmax_impl(axis, false)
+    }
+
+    /// Log-softmax along `axis`.
+    #[track_caller]
+    pub fn log_softmax(self, axis: isize) -> Var<'s, T> {
+        self.softmax_impl(axis, true)
+    }
+}
+
+pub(crate) fn backward<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8, log: bool) -> Result<()> {
+    let dims = ctx.shape(x).split_at_axis(axis as usize);
+    let y = ctx.value(out);
+    if let Some((dy, dx)) = ctx.grad_pair(out, x)? {
+        kernels::softmax_axis_grad(dy, y, dims, dx, log);
+    }
+    Ok(())
+}

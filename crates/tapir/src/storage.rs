@@ -1,0 +1,166 @@
+//! The per-iteration arena: a `bumpalo::Bump` that holds only [`bytemuck::Pod`] data.
+//!
+//! Values and gradients of one scope are bump-allocated here and freed all at once when
+//! the scope ends. `Pod` types have no destructors and hold no pointers, so `reset` cannot
+//! skip a destructor or leak what one would have freed; and `reset` takes `&mut self`, so
+//! the borrow checker proves that no slice handed out by `alloc_*` survives it.
+//!
+//! This module needs no `unsafe`: bumpalo hands out `&'a mut [T]` through `&'a Bump`.
+//!
+//! Warm-up: bumpalo keeps only its largest chunk on reset. If an iteration needed several
+//! chunks, [`Arena::reset`] replaces them with one chunk of their total size, so from the
+//! second iteration on a same-shaped graph fits in one chunk and allocates nothing.
+
+use std::cell::Cell;
+
+use bumpalo::Bump;
+use bytemuck::Pod;
+
+/// Why the arena could not allocate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllocFail {
+    /// The byte limit would be exceeded.
+    Limit { requested: usize, in_use: usize, limit: usize },
+    /// The system allocator refused.
+    Oom { requested: usize },
+}
+
+/// Memory statistics of an arena, readable at any time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaStats {
+    /// Bytes handed out since the last reset (values, gradients, index payloads).
+    pub bytes_in_use: usize,
+    /// The most bytes ever in use at once.
+    pub high_water: usize,
+    /// Bytes the arena holds from the system allocator (its chunks).
+    pub capacity: usize,
+    /// How many times the arena took new memory from the system after its first reset.
+    pub regrowths: usize,
+}
+
+/// A bump arena for `Pod` slices with an optional byte limit.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    bump: Bump,
+    in_use: Cell<usize>,
+    high_water: Cell<usize>,
+    limit: Option<usize>,
+    resets: usize,
+    regrowths: usize,
+}
+
+impl Arena {
+    pub(crate) fn new() -> Arena {
+        Arena { bump: Bump::new(), in_use: Cell::new(0), high_water: Cell::new(0), limit: None, resets: 0, regrowths: 0 }
+    }
+
+    pub(crate) fn set_limit(&mut self, limit: Option<usize>) {
+        self.limit = limit;
+    }
+
+    fn reserve(&self, len: usize, size: usize) -> Result<usize, AllocFail> {
+        let requested = len.checked_mul(size).ok_or(AllocFail::Oom { requested: usize::MAX })?;
+        let in_use = self.in_use.get();
+        let total = in_use.saturating_add(requested);
+        if let Some(limit) = self.limit {
+            if total > limit {
+                return Err(AllocFail::Limit { requested, in_use, limit });
+            }
+        }
+        Ok(requested)
+    }
+
+    fn commit(&self, requested: usize) {
+        let total = self.in_use.get() + requested;
+        self.in_use.set(total);
+        if total > self.high_water.get() {
+            self.high_water.set(total);
+        }
+    }
+
+    /// A zero-filled slice of `len` elements.
+    pub(crate) fn alloc_zeroed<T: Pod>(&self, len: usize) -> Result<&mut [T], AllocFail> {
+        self.alloc_fill(len, T::zeroed())
+    }
+
+    /// A slice of `len` copies of `value`.
+    pub(crate) fn alloc_fill<T: Pod>(&self, len: usize, value: T) -> Result<&mut [T], AllocFail> {
+        let requested = self.reserve(len, std::mem::size_of::<T>())?;
+        let out = self.bump.try_alloc_slice_fill_copy(len, value).map_err(|_| AllocFail::Oom { requested })?;
+        self.commit(requested);
+        Ok(out)
+    }
+
+    /// A slice filled from an exact-size iterator, in one pass.
+    pub(crate) fn alloc_iter<T: Pod, I>(&self, iter: I) -> Result<&mut [T], AllocFail>
+    where
+        I: IntoIterator<Item = T>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let iter = iter.into_iter();
+        let requested = self.reserve(iter.len(), std::mem::size_of::<T>())?;
+        let out = self.bump.try_alloc_slice_fill_iter(iter).map_err(|_| AllocFail::Oom { requested })?;
+        self.commit(requested);
+        Ok(out)
+    }
+
+    /// Frees everything at once. O(1) after warm-up: a `Pod`-only arena has nothing to drop.
+    pub(crate) fn reset(&mut self) {
+        let total = self.bump.allocated_bytes();
+        self.bump.reset();
+        if self.bump.allocated_bytes() < total {
+            // Several chunks were needed: keep one that holds them all, so that the next
+            // iteration of the same shape needs no new chunk.
+            if self.resets > 0 {
+                self.regrowths += 1;
+            }
+            if let Ok(bump) = Bump::try_with_capacity(total) {
+                self.bump = bump;
+            }
+        }
+        self.resets += 1;
+        self.in_use.set(0);
+    }
+
+    pub(crate) fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            bytes_in_use: self.in_use.get(),
+            high_water: self.high_water.get(),
+            capacity: self.bump.allocated_bytes(),
+            regrowths: self.regrowths,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_is_an_error_and_reset_frees() {
+        let mut a = Arena::new();
+        a.set_limit(Some(64));
+        assert_eq!(a.alloc_zeroed::<f32>(8).unwrap().len(), 8);
+        let e = a.alloc_zeroed::<f64>(8).unwrap_err();
+        assert_eq!(e, AllocFail::Limit { requested: 64, in_use: 32, limit: 64 });
+        a.reset();
+        assert_eq!(a.stats().bytes_in_use, 0);
+        assert_eq!(a.alloc_fill::<f64>(8, 2.0).unwrap()[7], 2.0);
+        assert_eq!(a.stats().high_water, 64);
+    }
+
+    #[test]
+    fn reset_consolidates_chunks() {
+        let mut a = Arena::new();
+        for _ in 0..100 {
+            a.alloc_zeroed::<f32>(1000).unwrap();
+        }
+        a.reset();
+        let cap = a.stats().capacity;
+        assert!(cap >= 400_000, "one chunk holds the whole iteration, got {cap}");
+        for _ in 0..100 {
+            a.alloc_zeroed::<f32>(1000).unwrap();
+        }
+        assert_eq!(a.stats().capacity, cap, "second iteration needs no new chunk");
+    }
+}

@@ -1,0 +1,130 @@
+//! Gradient checking, like `torch.autograd.gradcheck`: compares a function's backward
+//! pass with central finite differences in `f64`.
+
+use rand::{RngExt, SeedableRng};
+
+use crate::graph::{Graph, Scope, Var};
+use crate::tensor::Tensor;
+use crate::Error;
+
+/// Step and tolerances for [`gradcheck`].
+#[derive(Debug, Clone, Copy)]
+pub struct GradcheckOptions {
+    /// Relative step: each element `x` is perturbed by `h·max(1, |x|)`.
+    pub h: f64,
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance: accept `|analytic − numeric| ≤ atol + rtol·max(|analytic|, |numeric|)`.
+    pub rtol: f64,
+    /// Seed of the random projection `r` in the loss `L = Σ out ⊙ r`.
+    pub seed: u64,
+}
+
+impl Default for GradcheckOptions {
+    fn default() -> Self {
+        GradcheckOptions { h: 1e-6, atol: 1e-6, rtol: 1e-4, seed: 0 }
+    }
+}
+
+/// How close the analytic gradient came.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradcheckReport {
+    /// Elements compared.
+    pub checked: usize,
+    /// Largest `|analytic − numeric|`.
+    pub max_abs_err: f64,
+}
+
+/// Why a gradient check failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GradcheckError {
+    /// The function itself failed.
+    #[error("gradcheck: the function failed: {0}")]
+    Engine(#[from] Error),
+    /// An element's gradient disagrees with finite differences.
+    #[error("gradcheck: input {input} element {index}: analytic {analytic:e} vs numeric {numeric:e}")]
+    Mismatch {
+        /// Which input.
+        input: usize,
+        /// Which element of it (row-major).
+        index: usize,
+        /// From backward.
+        analytic: f64,
+        /// From central differences.
+        numeric: f64,
+    },
+    /// The function returned a handle that does not depend on the inputs' values in a
+    /// finite way (its value is NaN or infinite).
+    #[error("gradcheck: the output is not finite")]
+    NonFinite,
+}
+
+/// Checks `f`'s gradients with respect to every element of every input.
+///
+/// The loss is `L = Σ out ⊙ r` for a fixed random `r`: a plain sum would send 1 to every
+/// output and hide a transposed gradient.
+///
+/// ```
+/// use tapir::testing::{gradcheck, GradcheckOptions};
+/// let a = tapir::Tensor::<f64>::from_vec(vec![0.3, -1.2, 2.0, 0.5], &[2, 2]).unwrap();
+/// let report = gradcheck(&[a.clone(), a], GradcheckOptions::default(), |_, v| v[0].matmul(v[1]).tanh()).unwrap();
+/// assert_eq!(report.checked, 8);
+/// ```
+///
+/// # Errors
+/// [`GradcheckError`] on the first disagreement or failure.
+pub fn gradcheck<F>(inputs: &[Tensor<f64>], opts: GradcheckOptions, f: F) -> Result<GradcheckReport, GradcheckError>
+where
+    F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,
+{
+    let mut graph = Graph::<f64>::new();
+    graph.set_threads(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    // Shape of the output, then the projection.
+    let out_len = graph.scope(|s| {
+        let vars: Vec<_> = inputs.iter().map(|t| s.input(t)).collect();
+        f(s, &vars).value().map(<[f64]>::len)
+    })?;
+    let r: Vec<f64> = (0..out_len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let analytic = graph.scope(|s| -> Result<Vec<Vec<f64>>, GradcheckError> {
+        let vars: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
+        let l = project(s, f(s, &vars), &r);
+        if !l.item()?.is_finite() {
+            return Err(GradcheckError::NonFinite);
+        }
+        s.backward(l)?;
+        Ok(vars.iter().zip(inputs).map(|(v, t)| v.grad().map_or_else(|| vec![0.0; t.numel()], <[f64]>::to_vec)).collect())
+    })?;
+    let mut work: Vec<Tensor<f64>> = inputs.to_vec();
+    let mut report = GradcheckReport { checked: 0, max_abs_err: 0.0 };
+    for input in 0..inputs.len() {
+        for index in 0..inputs[input].numel() {
+            let x = inputs[input].data()[index];
+            let h = opts.h * x.abs().max(1.0);
+            let mut eval = |v: f64| -> Result<f64, GradcheckError> {
+                work[input].data_mut()[index] = v;
+                let work = &work;
+                Ok(graph.scope(|s| {
+                    let vars: Vec<_> = work.iter().map(|t| s.input(t)).collect();
+                    project(s, f(s, &vars), &r).item()
+                })?)
+            };
+            let numeric = (eval(x + h)? - eval(x - h)?) / (2.0 * h);
+            work[input].data_mut()[index] = x;
+            let a = analytic[input][index];
+            let err = (a - numeric).abs();
+            if !(err <= opts.atol + opts.rtol * a.abs().max(numeric.abs())) {
+                return Err(GradcheckError::Mismatch { input, index, analytic: a, numeric });
+            }
+            report.max_abs_err = report.max_abs_err.max(err);
+            report.checked += 1;
+        }
+    }
+    Ok(report)
+}
+
+/// `L = Σ out ⊙ r`.
+fn project<'s>(s: &'s Scope<'s, '_, f64>, out: Var<'s, f64>, r: &[f64]) -> Var<'s, f64> {
+    let dims = out.shape().to_vec();
+    (out * s.tensor(r, &dims)).sum()
+}

@@ -1,0 +1,39 @@
+# Tapir: every command humans and CI run. `just --list` prints these comments as help.
+
+# Run the README demo: the leak-prone Python loop, with flat memory (ITERS=0: default).
+demo ITERS="0":
+    cargo run --release --example demo -- {{ if ITERS == "0" { "" } else { "--iters " + ITERS } }}
+
+# Unit, property, compile-fail and doc tests: exactly what CI runs.
+test:
+    cargo test --workspace
+
+# Format, clippy and docs, with warnings as errors.
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+# Criterion benchmarks (under 10 minutes on 2 cores).
+bench:
+    cargo bench -p benches
+
+# Save a criterion baseline named BASE.
+bench-save BASE="main":
+    cargo bench -p benches -- --save-baseline {{BASE}}
+
+# Compare with a baseline saved by `just bench-save`.
+bench-compare BASE="main":
+    cargo bench -p benches -- --baseline {{BASE}}
+
+# Fuzz TARGET for SECONDS (nightly and cargo-fuzz: `cargo install --locked cargo-fuzz`).
+fuzz TARGET="tape_program" SECONDS="60":
+    cd fuzz && cargo +nightly fuzz run {{TARGET}} -- -max_total_time={{SECONDS}}
+
+# The tests under AddressSanitizer (nightly; std itself is not instrumented).
+asan:
+    RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir --lib --tests --target x86_64-unknown-linux-gnu
+
+# Everything CI and a reviewer would run.
+ci: lint test
+    cd fuzz && cargo check

@@ -131,7 +131,9 @@ pub enum Error {
         location: Loc,
     },
     /// The arena's byte limit would be exceeded.
-    #[error("{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})")]
+    #[error(
+        "{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})"
+    )]
     ArenaLimit {
         /// The op that needed memory.
         op: &'static str,

@@ -51,7 +51,14 @@ pub(crate) struct Arena {
 
 impl Arena {
     pub(crate) fn new() -> Arena {
-        Arena { bump: Bump::new(), in_use: Cell::new(0), high_water: Cell::new(0), limit: None, resets: 0, regrowths: 0 }
+        Arena {
+            bump: Bump::new(),
+            in_use: Cell::new(0),
+            high_water: Cell::new(0),
+            limit: None,
+            resets: 0,
+            regrowths: 0,
+        }
     }
 
     pub(crate) fn set_limit(&mut self, limit: Option<usize>) {

@@ -234,7 +234,8 @@ impl<T: Float> Tensor<T> {
 
     /// A faer view of a 2-D tensor, or `None` for another rank.
     pub fn as_mat(&self) -> Option<faer::MatRef<'_, T>> {
-        (self.shape.rank() == 2).then(|| faer::MatRef::from_row_major_slice(&self.data, self.shape.dim(0), self.shape.dim(1)))
+        (self.shape.rank() == 2)
+            .then(|| faer::MatRef::from_row_major_slice(&self.data, self.shape.dim(0), self.shape.dim(1)))
     }
 
     /// A tensor copied from a faer matrix (any strides).
@@ -390,7 +391,12 @@ impl<T: Float> Tensor<T> {
     #[track_caller]
     pub fn copy_from(&mut self, src: &Tensor<T>) -> Result<()> {
         if self.shape != src.shape {
-            return Err(Error::ShapeMismatch { op: "copy_from", lhs: self.shape, rhs: src.shape, location: Location::caller() });
+            return Err(Error::ShapeMismatch {
+                op: "copy_from",
+                lhs: self.shape,
+                rhs: src.shape,
+                location: Location::caller(),
+            });
         }
         self.data.copy_from_slice(&src.data);
         Ok(())

@@ -93,7 +93,11 @@ where
             return Err(GradcheckError::NonFinite);
         }
         s.backward(l)?;
-        Ok(vars.iter().zip(inputs).map(|(v, t)| v.grad().map_or_else(|| vec![0.0; t.numel()], <[f64]>::to_vec)).collect())
+        Ok(vars
+            .iter()
+            .zip(inputs)
+            .map(|(v, t)| v.grad().map_or_else(|| vec![0.0; t.numel()], <[f64]>::to_vec))
+            .collect())
     })?;
     let mut work: Vec<Tensor<f64>> = inputs.to_vec();
     let mut report = GradcheckReport { checked: 0, max_abs_err: 0.0 };

@@ -52,7 +52,8 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         let dout = hi[0].as_deref().expect("backward visits only nodes whose gradient exists");
         let slot = &mut lo[input.index()];
         if slot.is_none() {
-            let g = self.arena.alloc_zeroed(node.shape.numel()).map_err(|e| alloc_error(e, "backward", self.location))?;
+            let g =
+                self.arena.alloc_zeroed(node.shape.numel()).map_err(|e| alloc_error(e, "backward", self.location))?;
             *slot = Some(g);
         }
         Ok(slot.as_deref_mut().map(|g| (dout, g)))
@@ -119,7 +120,12 @@ fn check_finite<T: Float>(ctx: &BackwardCtx<'_, '_, T>, tape: &Tape<'_, T>, op: 
     });
     match bad {
         None => Ok(()),
-        Some(x) => Err(Error::NonFinite { op: op.name(), phase: "backward", shape: tape.nodes[x.index()].shape, location: tape.locs[i] }),
+        Some(x) => Err(Error::NonFinite {
+            op: op.name(),
+            phase: "backward",
+            shape: tape.nodes[x.index()].shape,
+            location: tape.locs[i],
+        }),
     }
 }
 
@@ -153,7 +159,9 @@ fn dispatch<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, op: 
         Op::GeluTanh { x } => unary::backward(ctx, id, x, |x, _| unary::gelu_tanh_grad(x)),
         Op::GeluErf { x } => unary::backward(ctx, id, x, |x, _| unary::gelu_erf_grad(x)),
         Op::Softplus { x } => unary::backward(ctx, id, x, |x, _| unary::sigmoid(x)),
-        Op::Clamp { x, lo, hi } => unary::backward(ctx, id, x, |x, _| if x >= lo && x <= hi { T::ONE } else { T::ZERO }),
+        Op::Clamp { x, lo, hi } => {
+            unary::backward(ctx, id, x, |x, _| if x >= lo && x <= hi { T::ONE } else { T::ZERO })
+        }
         Op::MatMul { a, b } => matmul::backward(ctx, id, a, b),
         Op::Permute { x, axes } => shape_ops::backward_permute(ctx, id, x, axes),
         Op::BroadcastTo { x } => shape_ops::backward_broadcast(ctx, id, x),

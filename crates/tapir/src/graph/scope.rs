@@ -58,7 +58,13 @@ impl<T: Float> Default for Graph<T> {
 impl<T: Float> Graph<T> {
     /// A graph with no arena limit, faer's global parallelism and anomaly detection off.
     pub fn new() -> Graph<T> {
-        Graph { arena: Arena::new(), spare: Spare::default(), par: faer::get_global_parallelism(), anomaly: false, last: GraphStats::default() }
+        Graph {
+            arena: Arena::new(),
+            spare: Spare::default(),
+            par: faer::get_global_parallelism(),
+            anomaly: false,
+            last: GraphStats::default(),
+        }
     }
 
     /// Caps the bytes a scope may allocate in the arena; an op that would pass the cap
@@ -146,14 +152,20 @@ impl<T: Float> Graph<T> {
         self.arena.reset();
         let out = {
             let scope = Scope {
-                core: Core { arena: &self.arena, tape: RefCell::new(Tape::from_spare(&mut self.spare)), par: self.par, anomaly: self.anomaly },
+                core: Core {
+                    arena: &self.arena,
+                    tape: RefCell::new(Tape::from_spare(&mut self.spare)),
+                    par: self.par,
+                    anomaly: self.anomaly,
+                },
                 _env: PhantomData,
             };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.
             let mut tape = scope.core.tape.borrow_mut();
-            self.last = GraphStats { nodes: tape.nodes.len(), tape_bytes: tape_bytes(&tape), arena: self.arena.stats() };
+            self.last =
+                GraphStats { nodes: tape.nodes.len(), tape_bytes: tape_bytes(&tape), arena: self.arena.stats() };
             tape.drain_into(&mut self.spare);
             out
         };
@@ -258,7 +270,9 @@ impl<'s, T: Float> Rec<'_, 's, T> {
             op: self.op,
             shape: input,
             detail: match p {
-                crate::shape::ShapeProblem::Rank(r) => format!("dimensions {dims:?} have rank {r}, above the maximum {}", crate::shape::MAX_RANK),
+                crate::shape::ShapeProblem::Rank(r) => {
+                    format!("dimensions {dims:?} have rank {r}, above the maximum {}", crate::shape::MAX_RANK)
+                }
                 crate::shape::ShapeProblem::Overflow => format!("dimensions {dims:?} overflow the element count"),
             },
             location: self.location,

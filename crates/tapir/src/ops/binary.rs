@@ -183,23 +183,48 @@ fn backward_with<'s, T: Float>(
     Ok(())
 }
 
-pub(crate) fn backward_add<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_add<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     backward_with(ctx, out, a, b, |d, _, _| d, |d, _, _| d)
 }
 
-pub(crate) fn backward_sub<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_sub<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     backward_with(ctx, out, a, b, |d, _, _| d, |d, _, _| -d)
 }
 
-pub(crate) fn backward_mul<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_mul<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     backward_with(ctx, out, a, b, |d, _, y| d * y, |d, _, x| d * x)
 }
 
-pub(crate) fn backward_div<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_div<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     backward_with(ctx, out, a, b, |d, _, y| d / y, |d, y, x| -d * x / (y * y))
 }
 
-pub(crate) fn backward_pow<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_pow<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     backward_with(
         ctx,
         out,

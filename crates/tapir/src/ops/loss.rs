@@ -108,7 +108,12 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
-pub(crate) fn backward_cross_entropy<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, logits: NodeId<'s>, labels: u32) -> Result<()> {
+pub(crate) fn backward_cross_entropy<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    logits: NodeId<'s>,
+    labels: u32,
+) -> Result<()> {
     let shape = ctx.shape(logits);
     let (n, c) = (shape.dim(0), shape.dim(1));
     let labels = ctx.extra(labels, n);
@@ -128,7 +133,12 @@ pub(crate) fn backward_cross_entropy<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's,
     Ok(())
 }
 
-pub(crate) fn backward_nll<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, logp: NodeId<'s>, labels: u32) -> Result<()> {
+pub(crate) fn backward_nll<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    logp: NodeId<'s>,
+    labels: u32,
+) -> Result<()> {
     let shape = ctx.shape(logp);
     let (n, c) = (shape.dim(0), shape.dim(1));
     let labels = ctx.extra(labels, n);
@@ -141,7 +151,12 @@ pub(crate) fn backward_nll<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: 
     Ok(())
 }
 
-pub(crate) fn backward_bce<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, y: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_bce<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    y: NodeId<'s>,
+) -> Result<()> {
     let (xv, yv) = (ctx.value(x), ctx.value(y));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         for ((d, (&g, &xi)), &yi) in dx.iter_mut().zip(dout.iter().zip(xv)).zip(yv) {

@@ -24,7 +24,8 @@ impl<'s, T: Float> Var<'s, T> {
         let par = self.core.par;
         self.core.record("matmul", |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(b.id));
-            let (dims, so) = MatMulDims::new(&sa, &sb).ok_or(Error::MatMulShape { lhs: sa, rhs: sb, location: r.location })?;
+            let (dims, so) =
+                MatMulDims::new(&sa, &sb).ok_or(Error::MatMulShape { lhs: sa, rhs: sb, location: r.location })?;
             let out = r.alloc(so.numel())?;
             kmatmul::forward(&dims, r.value(self.id), r.value(b.id), out, par);
             Ok((Op::MatMul { a: self.id, b: b.id }, so, out))
@@ -32,7 +33,12 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
-pub(crate) fn backward<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     let dims = MatMulDims::new(&ctx.shape(a), &ctx.shape(b)).expect("shapes were checked when matmul was recorded").0;
     let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {

@@ -24,56 +24,177 @@ pub(crate) enum Op<'s, T> {
     Variable,
     /// A parameter from a [`ParamStore`](crate::ParamStore), by index.
     Param(u32),
-    Add { a: NodeId<'s>, b: NodeId<'s> },
-    Sub { a: NodeId<'s>, b: NodeId<'s> },
-    Mul { a: NodeId<'s>, b: NodeId<'s> },
-    Div { a: NodeId<'s>, b: NodeId<'s> },
-    Pow { a: NodeId<'s>, b: NodeId<'s> },
-    Maximum { a: NodeId<'s>, b: NodeId<'s> },
-    Minimum { a: NodeId<'s>, b: NodeId<'s> },
-    AddScalar { x: NodeId<'s> },
-    MulScalar { x: NodeId<'s>, c: T },
-    PowScalar { x: NodeId<'s>, p: T },
-    Neg { x: NodeId<'s> },
-    Exp { x: NodeId<'s> },
-    Log { x: NodeId<'s> },
-    Sqrt { x: NodeId<'s> },
-    Square { x: NodeId<'s> },
-    Recip { x: NodeId<'s> },
-    Abs { x: NodeId<'s> },
-    Sin { x: NodeId<'s> },
-    Cos { x: NodeId<'s> },
-    Tanh { x: NodeId<'s> },
-    Sigmoid { x: NodeId<'s> },
-    Relu { x: NodeId<'s> },
-    LeakyRelu { x: NodeId<'s>, slope: T },
-    GeluTanh { x: NodeId<'s> },
-    GeluErf { x: NodeId<'s> },
-    Softplus { x: NodeId<'s> },
-    Clamp { x: NodeId<'s>, lo: T, hi: T },
-    MatMul { a: NodeId<'s>, b: NodeId<'s> },
+    Add {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Sub {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Mul {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Div {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Pow {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Maximum {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Minimum {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    AddScalar {
+        x: NodeId<'s>,
+    },
+    MulScalar {
+        x: NodeId<'s>,
+        c: T,
+    },
+    PowScalar {
+        x: NodeId<'s>,
+        p: T,
+    },
+    Neg {
+        x: NodeId<'s>,
+    },
+    Exp {
+        x: NodeId<'s>,
+    },
+    Log {
+        x: NodeId<'s>,
+    },
+    Sqrt {
+        x: NodeId<'s>,
+    },
+    Square {
+        x: NodeId<'s>,
+    },
+    Recip {
+        x: NodeId<'s>,
+    },
+    Abs {
+        x: NodeId<'s>,
+    },
+    Sin {
+        x: NodeId<'s>,
+    },
+    Cos {
+        x: NodeId<'s>,
+    },
+    Tanh {
+        x: NodeId<'s>,
+    },
+    Sigmoid {
+        x: NodeId<'s>,
+    },
+    Relu {
+        x: NodeId<'s>,
+    },
+    LeakyRelu {
+        x: NodeId<'s>,
+        slope: T,
+    },
+    GeluTanh {
+        x: NodeId<'s>,
+    },
+    GeluErf {
+        x: NodeId<'s>,
+    },
+    Softplus {
+        x: NodeId<'s>,
+    },
+    Clamp {
+        x: NodeId<'s>,
+        lo: T,
+        hi: T,
+    },
+    MatMul {
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
     /// Also squeeze and unsqueeze; the value aliases the input's.
-    Reshape { x: NodeId<'s> },
-    Permute { x: NodeId<'s>, axes: [u8; 6] },
-    BroadcastTo { x: NodeId<'s> },
-    Slice { x: NodeId<'s>, axis: u8, start: u32 },
+    Reshape {
+        x: NodeId<'s>,
+    },
+    Permute {
+        x: NodeId<'s>,
+        axes: [u8; 6],
+    },
+    BroadcastTo {
+        x: NodeId<'s>,
+    },
+    Slice {
+        x: NodeId<'s>,
+        axis: u8,
+        start: u32,
+    },
     /// Inputs are `extra[first..first + count]`.
-    Concat { first: u32, count: u32, axis: u8 },
+    Concat {
+        first: u32,
+        count: u32,
+        axis: u8,
+    },
     /// Indices are `extra[idx..idx + out.dim(axis)]`.
-    IndexSelect { x: NodeId<'s>, axis: u8, idx: u32 },
-    Where { cond: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s> },
-    Sum { x: NodeId<'s> },
-    SumAxis { x: NodeId<'s>, axis: u8 },
-    MaxAxis { x: NodeId<'s>, axis: u8 },
-    MinAxis { x: NodeId<'s>, axis: u8 },
-    LogSumExp { x: NodeId<'s>, axis: u8 },
-    Softmax { x: NodeId<'s>, axis: u8 },
-    LogSoftmax { x: NodeId<'s>, axis: u8 },
+    IndexSelect {
+        x: NodeId<'s>,
+        axis: u8,
+        idx: u32,
+    },
+    Where {
+        cond: NodeId<'s>,
+        a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Sum {
+        x: NodeId<'s>,
+    },
+    SumAxis {
+        x: NodeId<'s>,
+        axis: u8,
+    },
+    MaxAxis {
+        x: NodeId<'s>,
+        axis: u8,
+    },
+    MinAxis {
+        x: NodeId<'s>,
+        axis: u8,
+    },
+    LogSumExp {
+        x: NodeId<'s>,
+        axis: u8,
+    },
+    Softmax {
+        x: NodeId<'s>,
+        axis: u8,
+    },
+    LogSoftmax {
+        x: NodeId<'s>,
+        axis: u8,
+    },
     /// Labels are `extra[labels..labels + n]`; the output is the mean over the batch.
-    CrossEntropy { logits: NodeId<'s>, labels: u32 },
+    CrossEntropy {
+        logits: NodeId<'s>,
+        labels: u32,
+    },
     /// Labels as for `CrossEntropy`; `logp` holds log-probabilities.
-    Nll { logp: NodeId<'s>, labels: u32 },
-    BceWithLogits { x: NodeId<'s>, y: NodeId<'s> },
+    Nll {
+        logp: NodeId<'s>,
+        labels: u32,
+    },
+    BceWithLogits {
+        x: NodeId<'s>,
+        y: NodeId<'s>,
+    },
 }
 
 impl<'s, T> Op<'s, T> {
@@ -82,8 +203,14 @@ impl<'s, T> Op<'s, T> {
         use Op::*;
         match *self {
             Leaf | Variable | Param(_) => {}
-            Add { a, b } | Sub { a, b } | Mul { a, b } | Div { a, b } | Pow { a, b } | Maximum { a, b }
-            | Minimum { a, b } | MatMul { a, b } => {
+            Add { a, b }
+            | Sub { a, b }
+            | Mul { a, b }
+            | Div { a, b }
+            | Pow { a, b }
+            | Maximum { a, b }
+            | Minimum { a, b }
+            | MatMul { a, b } => {
                 f(a);
                 f(b);
             }
@@ -101,12 +228,38 @@ impl<'s, T> Op<'s, T> {
                     f(NodeId::new(raw));
                 }
             }
-            AddScalar { x } | MulScalar { x, .. } | PowScalar { x, .. } | Neg { x } | Exp { x } | Log { x }
-            | Sqrt { x } | Square { x } | Recip { x } | Abs { x } | Sin { x } | Cos { x } | Tanh { x }
-            | Sigmoid { x } | Relu { x } | LeakyRelu { x, .. } | GeluTanh { x } | GeluErf { x }
-            | Softplus { x } | Clamp { x, .. } | Reshape { x } | Permute { x, .. } | BroadcastTo { x }
-            | Slice { x, .. } | IndexSelect { x, .. } | Sum { x } | SumAxis { x, .. } | MaxAxis { x, .. }
-            | MinAxis { x, .. } | LogSumExp { x, .. } | Softmax { x, .. } | LogSoftmax { x, .. } => f(x),
+            AddScalar { x }
+            | MulScalar { x, .. }
+            | PowScalar { x, .. }
+            | Neg { x }
+            | Exp { x }
+            | Log { x }
+            | Sqrt { x }
+            | Square { x }
+            | Recip { x }
+            | Abs { x }
+            | Sin { x }
+            | Cos { x }
+            | Tanh { x }
+            | Sigmoid { x }
+            | Relu { x }
+            | LeakyRelu { x, .. }
+            | GeluTanh { x }
+            | GeluErf { x }
+            | Softplus { x }
+            | Clamp { x, .. }
+            | Reshape { x }
+            | Permute { x, .. }
+            | BroadcastTo { x }
+            | Slice { x, .. }
+            | IndexSelect { x, .. }
+            | Sum { x }
+            | SumAxis { x, .. }
+            | MaxAxis { x, .. }
+            | MinAxis { x, .. }
+            | LogSumExp { x, .. }
+            | Softmax { x, .. }
+            | LogSoftmax { x, .. } => f(x),
             CrossEntropy { logits, .. } => f(logits),
             Nll { logp, .. } => f(logp),
         }

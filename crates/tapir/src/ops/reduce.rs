@@ -65,14 +65,25 @@ impl<'s, T: Float> Var<'s, T> {
 
     /// Applies a one-axis reduction to each of `axes`, then drops them unless `keepdim`.
     #[track_caller]
-    fn reduce_axes(self, name: &'static str, axes: &[isize], keepdim: bool, op: fn(NodeId<'s>, u8) -> Op<'s, T>) -> Var<'s, T> {
+    fn reduce_axes(
+        self,
+        name: &'static str,
+        axes: &[isize],
+        keepdim: bool,
+        op: fn(NodeId<'s>, u8) -> Op<'s, T>,
+    ) -> Var<'s, T> {
         let shape = self.shape();
         let mut resolved = [false; crate::shape::MAX_RANK];
         for &a in axes {
             match resolve_axis(shape.rank(), a) {
                 Some(ax) => resolved[ax] = true,
                 None => {
-                    return self.core.fail(Error::BadAxis { op: name, axis: a, shape, location: std::panic::Location::caller() });
+                    return self.core.fail(Error::BadAxis {
+                        op: name,
+                        axis: a,
+                        shape,
+                        location: std::panic::Location::caller(),
+                    });
                 }
             }
         }
@@ -145,7 +156,11 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
-pub(crate) fn backward_sum<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_sum<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+) -> Result<()> {
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         let d = dout[0];
         for g in dx.iter_mut() {
@@ -155,7 +170,12 @@ pub(crate) fn backward_sum<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: 
     Ok(())
 }
 
-pub(crate) fn backward_sum_axis<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8) -> Result<()> {
+pub(crate) fn backward_sum_axis<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<()> {
     let dims = ctx.shape(x).split_at_axis(axis as usize);
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         kernels::sum_axis_grad(dout, dims, dx);
@@ -163,7 +183,12 @@ pub(crate) fn backward_sum_axis<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, 
     Ok(())
 }
 
-pub(crate) fn backward_select_axis<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8) -> Result<()> {
+pub(crate) fn backward_select_axis<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<()> {
     let dims = ctx.shape(x).split_at_axis(axis as usize);
     let (xv, yv) = (ctx.value(x), ctx.value(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
@@ -172,7 +197,12 @@ pub(crate) fn backward_select_axis<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T
     Ok(())
 }
 
-pub(crate) fn backward_logsumexp<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8) -> Result<()> {
+pub(crate) fn backward_logsumexp<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<()> {
     let (outer, len, inner) = ctx.shape(x).split_at_axis(axis as usize);
     let (xv, yv) = (ctx.value(x), ctx.value(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {

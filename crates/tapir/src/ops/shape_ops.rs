@@ -37,7 +37,11 @@ impl<'s, T: Float> Var<'s, T> {
                 return Err(Error::InvalidShape {
                     op: "reshape",
                     shape: n.shape,
-                    detail: format!("cannot view {} elements as {dims:?} ({} elements)", n.shape.numel(), shape.numel()),
+                    detail: format!(
+                        "cannot view {} elements as {dims:?} ({} elements)",
+                        n.shape.numel(),
+                        shape.numel()
+                    ),
                     location: r.location,
                 });
             }
@@ -78,7 +82,8 @@ impl<'s, T: Float> Var<'s, T> {
         self.core.record("permute", |r| {
             let sx = r.shape(self.id);
             let mut seen = [false; MAX_RANK];
-            let valid = axes.len() == sx.rank() && axes.iter().all(|&a| a < sx.rank() && !std::mem::replace(&mut seen[a], true));
+            let valid = axes.len() == sx.rank()
+                && axes.iter().all(|&a| a < sx.rank() && !std::mem::replace(&mut seen[a], true));
             if !valid {
                 return Err(Error::InvalidShape {
                     op: "permute",
@@ -109,8 +114,12 @@ impl<'s, T: Float> Var<'s, T> {
                 axes.swap(x, y);
                 self.permute(&axes)
             }
-            (None, _) => self.core.fail(Error::BadAxis { op: "transpose", axis: a0, shape, location: Location::caller() }),
-            (_, None) => self.core.fail(Error::BadAxis { op: "transpose", axis: a1, shape, location: Location::caller() }),
+            (None, _) => {
+                self.core.fail(Error::BadAxis { op: "transpose", axis: a0, shape, location: Location::caller() })
+            }
+            (_, None) => {
+                self.core.fail(Error::BadAxis { op: "transpose", axis: a1, shape, location: Location::caller() })
+            }
         }
     }
 
@@ -179,7 +188,13 @@ impl<'s, T: Float> Var<'s, T> {
             let ax = r.axis(sx, axis)?;
             let len = sx.dim(ax);
             if let Some(&bad) = indices.iter().find(|&&i| i >= len) {
-                return Err(Error::IndexOutOfRange { op: "index_select", index: bad, len, shape: sx, location: r.location });
+                return Err(Error::IndexOutOfRange {
+                    op: "index_select",
+                    index: bad,
+                    len,
+                    shape: sx,
+                    location: r.location,
+                });
             }
             let so = r.shape_of(sx, &{
                 let mut d = sx.to_vec();
@@ -271,7 +286,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 d[ax] = total;
                 d
             })?;
-            let count = u32::try_from(xs.len()).map_err(|_| r.invalid(format!("{} inputs exceed the u32 limit", xs.len())))?;
+            let count =
+                u32::try_from(xs.len()).map_err(|_| r.invalid(format!("{} inputs exceed the u32 limit", xs.len())))?;
             let at = r.extra(xs.iter().map(|x| x.id.raw()))?;
             let out = r.alloc(so.numel())?;
             let (outer, _, inner) = so.split_at_axis(ax);
@@ -311,21 +327,32 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             let (c, va, vb) = (r.value(cond.id), r.value(a.id), r.value(b.id));
             let out = r.alloc(so.numel())?;
             let strides = [&sc.broadcast_strides(&so), &sa.broadcast_strides(&so), &sb.broadcast_strides(&so)];
-            kernels::for_each_n(&so, strides, |o, [ic, ia, ib]| out[o] = if c[ic] != T::ZERO { va[ia] } else { vb[ib] });
+            kernels::for_each_n(&so, strides, |o, [ic, ia, ib]| {
+                out[o] = if c[ic] != T::ZERO { va[ia] } else { vb[ib] }
+            });
             Ok((Op::Where { cond: cond.id, a: a.id, b: b.id }, so, out))
         })
     }
 }
 
 /// `dx += dout` (reshape, add_scalar).
-pub(crate) fn backward_identity<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_identity<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+) -> Result<()> {
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         kernels::add_assign(dx, dout);
     }
     Ok(())
 }
 
-pub(crate) fn backward_permute<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axes: [u8; 6]) -> Result<()> {
+pub(crate) fn backward_permute<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axes: [u8; 6],
+) -> Result<()> {
     let (sx, so) = (ctx.shape(x), ctx.shape(out));
     let mut ax = [0usize; MAX_RANK];
     for (a, &p) in ax.iter_mut().zip(&axes) {
@@ -337,7 +364,11 @@ pub(crate) fn backward_permute<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, o
     Ok(())
 }
 
-pub(crate) fn backward_broadcast<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_broadcast<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+) -> Result<()> {
     let (sx, so) = (ctx.shape(x), ctx.shape(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         kernels::for_each2(&so, &sx.broadcast_strides(&so), &[0; MAX_RANK], |o, ix, _| dx[ix] += dout[o]);
@@ -345,7 +376,13 @@ pub(crate) fn backward_broadcast<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>,
     Ok(())
 }
 
-pub(crate) fn backward_slice<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8, start: u32) -> Result<()> {
+pub(crate) fn backward_slice<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    start: u32,
+) -> Result<()> {
     let (sx, so) = (ctx.shape(x), ctx.shape(out));
     let (outer, lx, inner) = sx.split_at_axis(axis as usize);
     let len = so.dim(axis as usize);
@@ -358,7 +395,13 @@ pub(crate) fn backward_slice<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out
     Ok(())
 }
 
-pub(crate) fn backward_concat<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, first: u32, count: u32, axis: u8) -> Result<()> {
+pub(crate) fn backward_concat<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    first: u32,
+    count: u32,
+    axis: u8,
+) -> Result<()> {
     let so = ctx.shape(out);
     let (outer, total, inner) = so.split_at_axis(axis as usize);
     let mut offset = 0;
@@ -376,7 +419,13 @@ pub(crate) fn backward_concat<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, ou
     Ok(())
 }
 
-pub(crate) fn backward_index_select<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8, idx: u32) -> Result<()> {
+pub(crate) fn backward_index_select<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    idx: u32,
+) -> Result<()> {
     let (sx, so) = (ctx.shape(x), ctx.shape(out));
     let (outer, len, inner) = sx.split_at_axis(axis as usize);
     let k = so.dim(axis as usize);
@@ -392,7 +441,13 @@ pub(crate) fn backward_index_select<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, 
     Ok(())
 }
 
-pub(crate) fn backward_where<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, cond: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward_where<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    cond: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
     let (so, sc) = (ctx.shape(out), ctx.shape(cond));
     let c = ctx.value(cond);
     for (input, take_if) in [(a, true), (b, false)] {

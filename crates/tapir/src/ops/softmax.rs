@@ -22,7 +22,11 @@ impl<'s, T: Float> Var<'s, T> {
             let ax = r.axis(shape, axis)?;
             let out = r.alloc(shape.numel())?;
             kernels::softmax_axis(r.value(self.id), shape.split_at_axis(ax), out, log);
-            let op = if log { Op::LogSoftmax { x: self.id, axis: ax as u8 } } else { Op::Softmax { x: self.id, axis: ax as u8 } };
+            let op = if log {
+                Op::LogSoftmax { x: self.id, axis: ax as u8 }
+            } else {
+                Op::Softmax { x: self.id, axis: ax as u8 }
+            };
             Ok((op, shape, out))
         })
     }
@@ -40,7 +44,13 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
-pub(crate) fn backward<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, axis: u8, log: bool) -> Result<()> {
+pub(crate) fn backward<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    log: bool,
+) -> Result<()> {
     let dims = ctx.shape(x).split_at_axis(axis as usize);
     let y = ctx.value(out);
     if let Some((dy, dx)) = ctx.grad_pair(out, x)? {

@@ -245,7 +245,12 @@ pub(crate) fn backward<'s, T: Float>(
 }
 
 /// `dx += c·dout`.
-pub(crate) fn backward_scale<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, x: NodeId<'s>, c: T) -> Result<()> {
+pub(crate) fn backward_scale<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    c: T,
+) -> Result<()> {
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         kernels::axpy(dx, c, dout);
     }

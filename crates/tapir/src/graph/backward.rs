@@ -130,7 +130,7 @@ fn check_finite<T: Float>(ctx: &BackwardCtx<'_, '_, T>, tape: &Tape<'_, T>, op: 
 }
 
 fn dispatch<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, op: Op<'s, T>) -> Result<()> {
-    use ops::{binary, loss, matmul, reduce, shape_ops, softmax, unary};
+    use ops::{binary, conv, loss, matmul, reduce, shape_ops, softmax, unary};
     match op {
         Op::Leaf | Op::Variable | Op::Param(_) => Ok(()),
         Op::Add { a, b } => binary::backward_add(ctx, id, a, b),
@@ -178,5 +178,8 @@ fn dispatch<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, op: 
         Op::CrossEntropy { logits, labels } => loss::backward_cross_entropy(ctx, id, logits, labels),
         Op::Nll { logp, labels } => loss::backward_nll(ctx, id, logp, labels),
         Op::BceWithLogits { x, y } => loss::backward_bce(ctx, id, x, y),
+        Op::Im2Col { x, geom } => conv::backward_im2col(ctx, id, x, geom),
+        Op::MaxPool2d { x, geom } => conv::backward_max_pool2d(ctx, id, x, geom),
+        Op::AvgPool2d { x, geom } => conv::backward_avg_pool2d(ctx, id, x, geom),
     }
 }

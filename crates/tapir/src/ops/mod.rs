@@ -6,6 +6,7 @@
 //! keeps the offset, so that a node stays at 64 bytes for `f32`.
 
 pub(crate) mod binary;
+pub(crate) mod conv;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
@@ -195,6 +196,21 @@ pub(crate) enum Op<'s, T> {
         x: NodeId<'s>,
         y: NodeId<'s>,
     },
+    /// Window geometry `[kh, kw, sh, sw, ph, pw]` is `extra[geom..geom + 6]`.
+    Im2Col {
+        x: NodeId<'s>,
+        geom: u32,
+    },
+    /// Geometry as for `Im2Col`.
+    MaxPool2d {
+        x: NodeId<'s>,
+        geom: u32,
+    },
+    /// Geometry as for `Im2Col`.
+    AvgPool2d {
+        x: NodeId<'s>,
+        geom: u32,
+    },
 }
 
 impl<'s, T> Op<'s, T> {
@@ -259,7 +275,10 @@ impl<'s, T> Op<'s, T> {
             | MinAxis { x, .. }
             | LogSumExp { x, .. }
             | Softmax { x, .. }
-            | LogSoftmax { x, .. } => f(x),
+            | LogSoftmax { x, .. }
+            | Im2Col { x, .. }
+            | MaxPool2d { x, .. }
+            | AvgPool2d { x, .. } => f(x),
             CrossEntropy { logits, .. } => f(logits),
             Nll { logp, .. } => f(logp),
         }
@@ -317,6 +336,9 @@ impl<'s, T> Op<'s, T> {
             CrossEntropy { .. } => "cross_entropy",
             Nll { .. } => "nll",
             BceWithLogits { .. } => "bce_with_logits",
+            Im2Col { .. } => "im2col",
+            MaxPool2d { .. } => "max_pool2d",
+            AvgPool2d { .. } => "avg_pool2d",
         }
     }
 }

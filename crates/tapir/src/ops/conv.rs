@@ -1,0 +1,447 @@
+//! 2-D convolution building blocks on `[N, C, H, W]` tensors: `im2col`, `max_pool2d`,
+//! `avg_pool2d`, and `conv2d` composed from `im2col` and `matmul`.
+//!
+//! A window has kernel `kh×kw`, stride `sh×sw` and zero padding `ph×pw`; the output has
+//! `oh = (h + 2·ph − kh)/sh + 1` rows and `ow = (w + 2·pw − kw)/sw + 1` columns. Input
+//! position `(i, j)` of output `(oi, oj)` and kernel offset `(a, b)` is
+//! `i = oi·sh + a − ph`, `j = oj·sw + b − pw`; positions outside the input are padding.
+//!
+//! - `im2col(x) → cols [N, C·kh·kw, oh·ow]`:
+//!   `cols[n, (c·kh + a)·kw + b, oi·ow + oj] = x[n, c, i, j]` (0 in the padding).
+//!   Backward is col2im, the scatter-add of the same map: `dx[n, c, i, j] += dcols[...]`
+//!   over every `(a, b, oi, oj)` that reads `(i, j)`.
+//! - `max_pool2d(x) → [N, C, oh, ow]`: `out = max` of the window's positions inside the
+//!   input (padding never wins). Backward: `dx[argmax] += dout`, the first maximal
+//!   position in row-major window order (recomputed from `x`, which stays in the arena).
+//! - `avg_pool2d(x) → [N, C, oh, ow]`: `out = (1/(kh·kw)) Σ window`, padding counted as
+//!   zeros (PyTorch's `count_include_pad=True`). Backward: `dx[i, j] += dout/(kh·kw)` for
+//!   each window position inside the input.
+//! - `conv2d(x, w [O, C, kh, kw])`: `reshape(w, [O, C·kh·kw]) · im2col(x)`, reshaped to
+//!   `[N, O, oh, ow]`; gradients come from `im2col` and `matmul`, so one GEMM per
+//!   batch element does the work in both directions.
+//!
+//! The six window numbers do not fit a 16-byte variant, so they live in the tape's `extra`
+//! list as `[kh, kw, sh, sw, ph, pw]` and the variant keeps their offset.
+
+use crate::error::{Error, Result};
+use crate::graph::backward::BackwardCtx;
+use crate::graph::scope::Rec;
+use crate::graph::{NodeId, Var};
+use crate::ops::Op;
+use crate::shape::Shape;
+use crate::Float;
+
+/// The geometry of a sliding window over `[n, c, h, w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    ph: usize,
+    pw: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Window {
+    /// The window over `x` of the given geometry, or `None` if it does not fit (checked
+    /// when the op is recorded).
+    fn new(x: Shape, [kh, kw, sh, sw, ph, pw]: [usize; 6]) -> Option<Window> {
+        if x.rank() != 4 || kh == 0 || kw == 0 || sh == 0 || sw == 0 {
+            return None;
+        }
+        let (n, c, h, w) = (x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+        let oh = h.checked_add(ph.checked_mul(2)?)?.checked_sub(kh)? / sh + 1;
+        let ow = w.checked_add(pw.checked_mul(2)?)?.checked_sub(kw)? / sw + 1;
+        Some(Window { n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow })
+    }
+
+    /// Reads the geometry back from the tape's `extra` list.
+    fn from_extra(x: Shape, g: &[u32]) -> Window {
+        let p = |i: usize| g[i] as usize;
+        Window::new(x, [p(0), p(1), p(2), p(3), p(4), p(5)]).expect("the window was checked when the op was recorded")
+    }
+
+    /// The input index of kernel offset `a` at output row `oi`, or `None` in the padding.
+    #[inline]
+    fn row(&self, oi: usize, a: usize) -> Option<usize> {
+        (oi * self.sh + a).checked_sub(self.ph).filter(|&i| i < self.h)
+    }
+
+    #[inline]
+    fn col(&self, oj: usize, b: usize) -> Option<usize> {
+        (oj * self.sw + b).checked_sub(self.pw).filter(|&j| j < self.w)
+    }
+
+    /// Calls `f(plane, o, i)` for every output position `o` of every `(n, c)` plane and
+    /// every input position `i` of its window, both as flat indices, in row-major window order.
+    #[inline]
+    fn for_each_tap(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        for plane in 0..self.n * self.c {
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    let o = plane * ohw + oi * self.ow + oj;
+                    for a in 0..self.kh {
+                        let Some(i) = self.row(oi, a) else { continue };
+                        for b in 0..self.kw {
+                            if let Some(j) = self.col(oj, b) {
+                                f(plane, o, plane * hw + i * self.w + j);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f(col, x)` for every element of `im2col`'s output that reads the input, with
+    /// the flat indices of the column element and of the input element it copies.
+    #[inline]
+    fn for_each_col(&self, mut f: impl FnMut(usize, usize)) {
+        let (k, l) = (self.c * self.kh * self.kw, self.oh * self.ow);
+        for n in 0..self.n {
+            for c in 0..self.c {
+                let plane = (n * self.c + c) * self.h * self.w;
+                for a in 0..self.kh {
+                    for b in 0..self.kw {
+                        let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
+                        for oi in 0..self.oh {
+                            let Some(i) = self.row(oi, a) else { continue };
+                            for oj in 0..self.ow {
+                                if let Some(j) = self.col(oj, b) {
+                                    f(row + oi * self.ow + oj, plane + i * self.w + j);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Checks the window arguments of `op` on `x`; stores them in `extra`; returns the window
+/// and the offset.
+fn record_window<T: Float>(
+    r: &mut Rec<'_, '_, T>,
+    x: Shape,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    pool: bool,
+) -> Result<(Window, u32)> {
+    if x.rank() != 4 {
+        return Err(Error::InvalidShape {
+            op: r.op,
+            shape: x,
+            detail: "needs a 4-D input [N, C, H, W]".into(),
+            location: r.location,
+        });
+    }
+    let g = [kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]];
+    if kernel.contains(&0) || stride.contains(&0) {
+        return Err(r.invalid(format!("kernel {kernel:?} and stride {stride:?} must be positive (input shape {x})")));
+    }
+    if pool && (padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2) {
+        return Err(r.invalid(format!(
+            "padding {padding:?} must be at most half the kernel {kernel:?}, so that no window is all padding (input shape {x})"
+        )));
+    }
+    let Some(win) = Window::new(x, g).filter(|_| g.iter().all(|&v| u32::try_from(v).is_ok())) else {
+        return Err(Error::InvalidShape {
+            op: r.op,
+            shape: x,
+            detail: format!("kernel {kernel:?} does not fit the input padded by {padding:?}"),
+            location: r.location,
+        });
+    };
+    let at = r.extra(g.iter().map(|&v| v as u32))?;
+    Ok((win, at))
+}
+
+impl<'s, T: Float> Var<'s, T> {
+    /// Unfolds every `kh×kw` window of `x: [N, C, H, W]` into a column:
+    /// `out: [N, C·kh·kw, oh·ow]` with `out[n, (c·kh + a)·kw + b, oi·ow + oj] =
+    /// x[n, c, oi·sh + a − ph, oj·sw + b − pw]` (0 in the padding), where
+    /// `oh = (H + 2·ph − kh)/sh + 1` and likewise `ow`. A weight `[O, C·kh·kw]` times
+    /// this is a convolution (see [`conv2d`](Var::conv2d)).
+    ///
+    /// Gradient (col2im): `dx[n, c, i, j] += Σ dout` over the column entries that copied `x[n, c, i, j]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] (recorded) unless `x` is 4-D and the kernel fits the padded
+    /// input; [`Error::InvalidArgument`] for a zero kernel or stride.
+    #[track_caller]
+    pub fn im2col(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        self.core.record("im2col", |r| {
+            let sx = r.shape(self.id);
+            let (win, at) = record_window(r, sx, kernel, stride, padding, false)?;
+            let k = win.c * win.kh * win.kw;
+            let so = r.shape_of(sx, &[win.n, k, win.oh * win.ow])?;
+            let x = r.value(self.id);
+            let out = r.alloc(so.numel())?;
+            win.for_each_col(|o, i| out[o] = x[i]);
+            Ok((Op::Im2Col { x: self.id, geom: at }, so, out))
+        })
+    }
+
+    /// Max pooling of `x: [N, C, H, W]` over `kh×kw` windows: `out: [N, C, oh, ow]`,
+    /// each element the maximum of its window (padding is ignored, never the maximum).
+    ///
+    /// Gradient: `dout` flows to the first maximal element of each window.
+    ///
+    /// # Errors
+    /// As [`im2col`](Var::im2col), and [`Error::InvalidArgument`] if the padding exceeds
+    /// half the kernel.
+    #[track_caller]
+    pub fn max_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        self.core.record("max_pool2d", |r| {
+            let sx = r.shape(self.id);
+            let (win, at) = record_window(r, sx, kernel, stride, padding, true)?;
+            let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
+            let x = r.value(self.id);
+            let out = r.alloc(so.numel())?;
+            out.fill(T::neg_infinity());
+            win.for_each_tap(|_, o, i| out[o] = out[o].max(x[i]));
+            Ok((Op::MaxPool2d { x: self.id, geom: at }, so, out))
+        })
+    }
+
+    /// Average pooling of `x: [N, C, H, W]` over `kh×kw` windows: `out: [N, C, oh, ow]`,
+    /// `out = (1/(kh·kw)) Σ window`, padding counting as zeros.
+    ///
+    /// Gradient: `dx += dout/(kh·kw)` at each window position inside the input.
+    ///
+    /// # Errors
+    /// As [`max_pool2d`](Var::max_pool2d).
+    #[track_caller]
+    pub fn avg_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        self.core.record("avg_pool2d", |r| {
+            let sx = r.shape(self.id);
+            let (win, at) = record_window(r, sx, kernel, stride, padding, true)?;
+            let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
+            let x = r.value(self.id);
+            let out = r.alloc(so.numel())?;
+            win.for_each_tap(|_, o, i| out[o] += x[i]);
+            let scale = T::ONE / T::from_usize(win.kh * win.kw);
+            out.iter_mut().for_each(|v| *v *= scale);
+            Ok((Op::AvgPool2d { x: self.id, geom: at }, so, out))
+        })
+    }
+
+    /// 2-D convolution (cross-correlation, as in PyTorch) of `x: [N, C, H, W]` with
+    /// weights `w: [O, C, kh, kw]`: `out: [N, O, oh, ow]`,
+    /// `out[n, o, oi, oj] = Σ_{c,a,b} w[o, c, a, b] · x[n, c, oi·sh + a − ph, oj·sw + b − pw]`.
+    /// Composed as `reshape(w, [O, C·kh·kw]) · im2col(x)`, so gradients need no new code.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] (recorded) unless `w` is 4-D with `C` input channels, and
+    /// as [`im2col`](Var::im2col).
+    #[track_caller]
+    pub fn conv2d(self, w: Var<'s, T>, stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        let (sx, sw) = (self.shape(), w.shape());
+        if sw.rank() != 4 || sx.rank() != 4 || sx.dim(1) != sw.dim(1) {
+            return self.core.fail(Error::InvalidShape {
+                op: "conv2d",
+                shape: sx,
+                detail: format!("needs input [N, C, H, W] and weights [O, C, kh, kw] with equal C, got weights {sw}"),
+                location: std::panic::Location::caller(),
+            });
+        }
+        let (o, c, kh, kw) = (sw.dim(0), sw.dim(1), sw.dim(2), sw.dim(3));
+        let cols = self.im2col([kh, kw], stride, padding);
+        let out = w.reshape(&[o, c * kh * kw]).matmul(cols);
+        match Window::new(sx, [kh, kw, stride[0], stride[1], padding[0], padding[1]]) {
+            Some(win) => out.reshape(&[win.n, o, win.oh, win.ow]),
+            // im2col has recorded the error already; this handle is poisoned.
+            None => out,
+        }
+    }
+}
+
+pub(crate) fn backward_im2col<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, 6));
+    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+        win.for_each_col(|o, i| dx[i] += dout[o]);
+    }
+    Ok(())
+}
+
+pub(crate) fn backward_max_pool2d<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, 6));
+    let (xv, yv) = (ctx.value(x), ctx.value(out));
+    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+        // The first position equal to the window's maximum gets the gradient. Taps come
+        // window by window, so remembering the last window served is enough.
+        let mut served = usize::MAX;
+        win.for_each_tap(|_, o, i| {
+            if served != o && xv[i] == yv[o] {
+                dx[i] += dout[o];
+                served = o;
+            }
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn backward_avg_pool2d<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, 6));
+    let scale = T::ONE / T::from_usize(win.kh * win.kw);
+    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+        win.for_each_tap(|_, o, i| dx[i] += dout[o] * scale);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rand::{RngExt, SeedableRng};
+
+    use crate::testing::{gradcheck, GradcheckOptions};
+    use crate::{Error, Graph, Tensor};
+
+    fn tensor(dims: &[usize], seed: u64) -> Tensor<f64> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let n: usize = dims.iter().product();
+        Tensor::from_vec((0..n).map(|_| rng.random_range(-2.0..2.0)).collect(), dims).unwrap()
+    }
+
+    /// `(x dims, kernel, stride, padding)` with the kernel fitting the padded input and
+    /// the padding at most half the kernel (valid for pooling too).
+    fn windows() -> impl Strategy<Value = ([usize; 4], [usize; 2], [usize; 2], [usize; 2])> {
+        (1..=2usize, 1..=2usize, 1..=3usize, 1..=3usize, 1..=2usize, 1..=2usize, 0..=1usize, 0..=1usize).prop_flat_map(
+            |(n, c, kh, kw, sh, sw, ph, pw)| {
+                let (ph, pw) = (ph.min(kh / 2), pw.min(kw / 2));
+                let h = (kh.saturating_sub(2 * ph)).max(1)..=5;
+                let w = (kw.saturating_sub(2 * pw)).max(1)..=5;
+                (h, w).prop_map(move |(h, w)| ([n, c, h, w], [kh, kw], [sh, sw], [ph, pw]))
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn im2col_grad_matches_finite_differences((dims, k, st, p) in windows(), seed: u64) {
+            let x = tensor(&dims, seed);
+            let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
+            gradcheck(&[x], opts, |_, v| v[0].im2col(k, st, p)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+
+        #[test]
+        fn max_pool2d_grad_matches_finite_differences((dims, k, st, p) in windows(), seed: u64) {
+            // Continuous random inputs have no ties, so every window has one maximum.
+            let x = tensor(&dims, seed);
+            let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
+            gradcheck(&[x], opts, |_, v| v[0].max_pool2d(k, st, p)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+
+        #[test]
+        fn avg_pool2d_grad_matches_finite_differences((dims, k, st, p) in windows(), seed: u64) {
+            let x = tensor(&dims, seed);
+            let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
+            gradcheck(&[x], opts, |_, v| v[0].avg_pool2d(k, st, p)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+
+        #[test]
+        fn conv2d_grad_matches_finite_differences((dims, k, st, p) in windows(), o in 1..=3usize, seed: u64) {
+            let x = tensor(&dims, seed);
+            let w = tensor(&[o, dims[1], k[0], k[1]], seed ^ 1);
+            let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
+            gradcheck(&[x, w], opts, |_, v| v[0].conv2d(v[1], st, p)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+    }
+
+    #[test]
+    fn im2col_by_hand() {
+        // x = [[1, 2], [3, 4]] with a 2×2 kernel, stride 1, padding 1: a 3×3 grid of
+        // windows; the centre window (column 4) reads the whole input in order.
+        let x = Tensor::<f64>::from_vec(vec![1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]).unwrap();
+        let mut g = Graph::<f64>::new();
+        g.scope(|s| {
+            let x = s.leaf(&x);
+            let cols = x.im2col([2, 2], [1, 1], [1, 1]);
+            assert_eq!(cols.shape().to_vec(), [1, 4, 9]);
+            let v = cols.value().unwrap();
+            let centre: Vec<f64> = (0..4).map(|row| v[row * 9 + 4]).collect();
+            assert_eq!(centre, [1.0, 2.0, 3.0, 4.0]);
+            // Top-left window: only its bottom-right tap (row 3) is inside the input.
+            assert_eq!([v[0], v[9], v[18], v[27]], [0.0, 0.0, 0.0, 1.0]);
+            // L = Σ cols: each x element is read by 4 windows, so dL/dx = 4.
+            s.backward(cols.sum()).unwrap();
+            assert_eq!(x.grad().unwrap(), &[4.0, 4.0, 4.0, 4.0]);
+        });
+    }
+
+    #[test]
+    fn pools_by_hand() {
+        // 4×4 input 0..16, 2×2 windows with stride 2: maxima are the bottom-right corners.
+        let x = Tensor::<f64>::from_vec((0..16).map(f64::from).collect(), &[1, 1, 4, 4]).unwrap();
+        let mut g = Graph::<f64>::new();
+        g.scope(|s| {
+            let xv = s.leaf(&x);
+            let m = xv.max_pool2d([2, 2], [2, 2], [0, 0]);
+            assert_eq!(m.value().unwrap(), &[5.0, 7.0, 13.0, 15.0]);
+            let a = xv.avg_pool2d([2, 2], [2, 2], [0, 0]);
+            assert_eq!(a.value().unwrap(), &[2.5, 4.5, 10.5, 12.5]);
+            // L = Σ max + Σ avg: each maximum gets 1 + 1/4, every other element 1/4.
+            s.backward(m.sum() + a.sum()).unwrap();
+            let g = xv.grad().unwrap();
+            assert_eq!(g.iter().filter(|&&v| v == 1.25).count(), 4);
+            assert_eq!(g.iter().filter(|&&v| v == 0.25).count(), 12);
+            assert_eq!(g[5], 1.25);
+        });
+    }
+
+    #[test]
+    fn bad_windows_are_errors() {
+        let x = Tensor::<f32>::zeros(&[1, 1, 3, 3]).unwrap();
+        let flat = Tensor::<f32>::zeros(&[3, 3]).unwrap();
+        let mut g = Graph::<f32>::new();
+        let errs: Vec<Error> = [
+            g.scope(|s| s.input(&x).im2col([4, 4], [1, 1], [0, 0]).value().map(|_| ())),
+            g.scope(|s| s.input(&x).im2col([0, 1], [1, 1], [0, 0]).value().map(|_| ())),
+            g.scope(|s| s.input(&x).max_pool2d([2, 2], [0, 1], [0, 0]).value().map(|_| ())),
+            g.scope(|s| s.input(&x).avg_pool2d([2, 2], [1, 1], [2, 0]).value().map(|_| ())),
+            g.scope(|s| s.input(&flat).max_pool2d([2, 2], [1, 1], [0, 0]).value().map(|_| ())),
+            g.scope(|s| {
+                let w = s.zeros(&[2, 3, 1, 1]);
+                s.input(&x).conv2d(w, [1, 1], [0, 0]).value().map(|_| ())
+            }),
+        ]
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+        assert!(errs[0].to_string().contains("[1, 1, 3, 3]"), "{}", errs[0]);
+        assert!(errs.iter().all(|e| matches!(e, Error::InvalidShape { .. } | Error::InvalidArgument { .. })));
+        assert!(errs[5].to_string().contains("[2, 3, 1, 1]"), "{}", errs[5]);
+    }
+
+    #[test]
+    fn variants_stay_small() {
+        assert_eq!(std::mem::size_of::<crate::ops::Op<'static, f32>>(), 16);
+    }
+}

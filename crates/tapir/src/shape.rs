@@ -75,6 +75,16 @@ impl Shape {
         self.dims().iter().map(|&d| d as usize).collect()
     }
 
+    /// The dimensions as `usize`s in a fixed array (entries past the rank are 0), for
+    /// building new dimension lists without allocating: `&a[..shape.rank()]`.
+    pub fn to_array(&self) -> [usize; MAX_RANK] {
+        let mut a = [0; MAX_RANK];
+        for (slot, &d) in a.iter_mut().zip(self.dims()) {
+            *slot = d as usize;
+        }
+        a
+    }
+
     /// Number of elements (1 for a scalar, 0 if any dimension is 0).
     pub fn numel(&self) -> usize {
         self.dims().iter().map(|&d| d as usize).product()
@@ -94,9 +104,9 @@ impl Shape {
     /// This shape with dimension `axis` replaced by `len`. The element count cannot grow
     /// past the original's unless `len` exceeds the old dimension, so the result is checked.
     pub(crate) fn with_dim(&self, axis: usize, len: usize) -> Result<Shape, ShapeProblem> {
-        let mut dims = self.to_vec();
+        let mut dims = self.to_array();
         dims[axis] = len;
-        Shape::new(&dims)
+        Shape::new(&dims[..self.rank()])
     }
 
     /// This shape with `axis` removed.
@@ -136,7 +146,7 @@ impl Shape {
         // Every output dimension is one of the inputs' dimensions and the output has at
         // most as many elements as the larger input times the smaller's broadcast factor;
         // re-check rather than argue.
-        Shape::new(&out.to_vec()).ok()
+        Shape::new(&out.to_array()[..rank]).ok()
     }
 
     /// Dimension counted from the right (0 is the last), with 1 past the rank.

@@ -54,12 +54,17 @@ impl MatMulDims {
         if k != k2 {
             return None;
         }
-        let a_batch = Shape::new(&a.to_vec()[..ra - 2]).ok()?;
-        let b_batch = Shape::new(&b.to_vec()[..rb - 2]).ok()?;
+        let a_batch = Shape::new(&a.to_array()[..ra - 2]).ok()?;
+        let b_batch = Shape::new(&b.to_array()[..rb - 2]).ok()?;
         let batch = a_batch.broadcast(&b_batch)?;
-        let mut out = batch.to_vec();
-        out.extend([m, n]);
-        let out = Shape::new(&out).ok()?;
+        let mut out = batch.to_array();
+        let r = batch.rank();
+        if r + 2 > crate::shape::MAX_RANK {
+            return None;
+        }
+        out[r] = m;
+        out[r + 1] = n;
+        let out = Shape::new(&out[..r + 2]).ok()?;
         Some((MatMulDims { m, k, n, batch, a_batch, b_batch }, out))
     }
 

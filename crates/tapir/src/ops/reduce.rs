@@ -94,8 +94,13 @@ impl<'s, T: Float> Var<'s, T> {
         if keepdim {
             return v;
         }
-        let dims: Vec<usize> = (0..shape.rank()).filter(|&ax| !resolved[ax]).map(|ax| shape.dim(ax)).collect();
-        v.reshape(&dims)
+        let mut dims = [0usize; crate::shape::MAX_RANK];
+        let mut kept = 0;
+        for ax in (0..shape.rank()).filter(|&ax| !resolved[ax]) {
+            dims[kept] = shape.dim(ax);
+            kept += 1;
+        }
+        v.reshape(&dims[..kept])
     }
 
     /// Sum over `axes` (negative counts from the end); keeps them as size 1 if `keepdim`.

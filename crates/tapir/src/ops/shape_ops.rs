@@ -54,7 +54,10 @@ impl<'s, T: Float> Var<'s, T> {
     pub fn squeeze(self, axis: isize) -> Var<'s, T> {
         let shape = self.shape();
         match resolve_axis(shape.rank(), axis) {
-            Some(ax) if shape.dim(ax) == 1 => self.reshape(&shape.without(ax).to_vec()),
+            Some(ax) if shape.dim(ax) == 1 => {
+                let kept = shape.without(ax);
+                self.reshape(&kept.to_array()[..kept.rank()])
+            }
             _ => self.core.fail(Error::BadAxis { op: "squeeze", axis, shape, location: Location::caller() }),
         }
     }
@@ -65,9 +68,12 @@ impl<'s, T: Float> Var<'s, T> {
         let shape = self.shape();
         match resolve_axis(shape.rank() + 1, axis) {
             Some(ax) => {
-                let mut dims = shape.to_vec();
-                dims.insert(ax, 1);
-                self.reshape(&dims)
+                // Room for rank + 1 dimensions; a rank above 6 is reported by reshape.
+                let mut dims = [1usize; MAX_RANK + 1];
+                for (i, &d) in shape.dims().iter().enumerate() {
+                    dims[if i < ax { i } else { i + 1 }] = d as usize;
+                }
+                self.reshape(&dims[..shape.rank() + 1])
             }
             None => self.core.fail(Error::BadAxis { op: "unsqueeze", axis, shape, location: Location::caller() }),
         }
@@ -92,8 +98,11 @@ impl<'s, T: Float> Var<'s, T> {
                     location: r.location,
                 });
             }
-            let dims: Vec<usize> = axes.iter().map(|&a| sx.dim(a)).collect();
-            let so = r.shape_of(sx, &dims)?;
+            let mut dims = [0usize; MAX_RANK];
+            for (d, &a) in dims.iter_mut().zip(axes) {
+                *d = sx.dim(a);
+            }
+            let so = r.shape_of(sx, &dims[..axes.len()])?;
             let out = r.alloc(so.numel())?;
             kernels::permute(r.value(self.id), &sx, axes, &so, out);
             let mut packed = [0u8; MAX_RANK];
@@ -110,9 +119,9 @@ impl<'s, T: Float> Var<'s, T> {
         let shape = self.shape();
         match (resolve_axis(shape.rank(), a0), resolve_axis(shape.rank(), a1)) {
             (Some(x), Some(y)) => {
-                let mut axes: Vec<usize> = (0..shape.rank()).collect();
+                let mut axes: [usize; MAX_RANK] = std::array::from_fn(|i| i);
                 axes.swap(x, y);
-                self.permute(&axes)
+                self.permute(&axes[..shape.rank()])
             }
             (None, _) => {
                 self.core.fail(Error::BadAxis { op: "transpose", axis: a0, shape, location: Location::caller() })
@@ -196,11 +205,14 @@ impl<'s, T: Float> Var<'s, T> {
                     location: r.location,
                 });
             }
-            let so = r.shape_of(sx, &{
-                let mut d = sx.to_vec();
-                d[ax] = indices.len();
-                d
-            })?;
+            let so = r.shape_of(
+                sx,
+                &{
+                    let mut d = sx.to_array();
+                    d[ax] = indices.len();
+                    d
+                }[..sx.rank()],
+            )?;
             let at = r.extra(indices.iter().map(|&i| i as u32))?;
             let (outer, _, inner) = sx.split_at_axis(ax);
             let x = r.value(self.id);
@@ -281,11 +293,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 }
                 total += s.dim(ax);
             }
-            let so = r.shape_of(s0, &{
-                let mut d = s0.to_vec();
-                d[ax] = total;
-                d
-            })?;
+            let so = r.shape_of(
+                s0,
+                &{
+                    let mut d = s0.to_array();
+                    d[ax] = total;
+                    d
+                }[..s0.rank()],
+            )?;
             let count =
                 u32::try_from(xs.len()).map_err(|_| r.invalid(format!("{} inputs exceed the u32 limit", xs.len())))?;
             let at = r.extra(xs.iter().map(|x| x.id.raw()))?;

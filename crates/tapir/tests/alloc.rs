@@ -1,0 +1,54 @@
+//! A warmed-up training step makes zero heap allocations in the engine: recording,
+//! backward, gradient accumulation into a caller-owned buffer, and the arena reset.
+//! Matrix products run sequentially here (`set_threads(1)`), so faer's GEMM is counted
+//! too; see `docs/design.md` for rayon's share when they run in parallel.
+
+mod common;
+
+use rand::SeedableRng;
+use tapir::{Graph, ParamStore, Tensor};
+
+#[global_allocator]
+static ALLOC: common::Counting = common::Counting::new();
+
+#[test]
+fn warmed_up_training_step_allocates_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut store = ParamStore::<f32>::new();
+    let w1 = store.add("w1", Tensor::normal(&[16, 32], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let b1 = store.add("b1", Tensor::zeros(&[32]).unwrap()).unwrap();
+    let w2 = store.add("w2", Tensor::normal(&[32, 4], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let x = Tensor::normal(&[8, 16], 0.0, 1.0, &mut rng).unwrap();
+    let labels = [0usize, 1, 2, 3, 0, 1, 2, 3];
+    let mut grads = store.zeros_like();
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+
+    let mut losses = [0.0f32; 50];
+    let mut counts = [0usize; 50];
+    for (step, (loss_out, count)) in losses.iter_mut().zip(&mut counts).enumerate() {
+        let before = ALLOC.allocations();
+        grads.zero();
+        let loss = graph.scope(|s| {
+            let h = (s.input(&x).matmul(s.param(&store, w1)) + s.param(&store, b1)).relu();
+            let logits = h.matmul(s.param(&store, w2));
+            // Exercise more of the op set: softmax, reductions, shape ops, the same handle twice.
+            let reg = (logits.softmax(-1) * logits.softmax(-1)).sum_axes(&[1], false).mean();
+            let loss = logits.cross_entropy(&labels) + reg * 0.01 + h.t().narrow(0, 0, 4).square().mean() * 0.001;
+            s.backward_into(loss, &mut grads).unwrap();
+            loss.item().unwrap()
+        });
+        for (id, t) in store.iter_mut() {
+            let g = grads.get(id).unwrap();
+            for (p, d) in t.data_mut().iter_mut().zip(g.data()) {
+                *p -= 0.1 * d;
+            }
+        }
+        *loss_out = loss;
+        *count = ALLOC.allocations() - before;
+        let _ = step;
+    }
+    assert!(counts[0] > 0, "the first step sets the arena and tape up");
+    assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+    assert!(losses[49] < losses[0], "the step trains: {} -> {}", losses[0], losses[49]);
+}

@@ -278,38 +278,40 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// [`Error::ShapeList`], [`Error::BadAxis`] or [`Error::InvalidArgument`] for an empty list (recorded).
     #[track_caller]
     pub fn concat(&'s self, xs: &[Var<'s, T>], axis: isize) -> Var<'s, T> {
+        self.concat_with(xs.len(), |k| xs[k].id, axis)
+    }
+
+    /// Concatenates the `n` nodes `id(0), ..., id(n - 1)`.
+    #[track_caller]
+    fn concat_with(&'s self, n: usize, id: impl Fn(usize) -> NodeId<'s>, axis: isize) -> Var<'s, T> {
         self.core.record("concat", |r| {
-            let Some(first) = xs.first() else {
+            if n == 0 {
                 return Err(r.invalid("needs at least one tensor, got an empty list".into()));
-            };
-            let s0 = r.shape(first.id);
+            }
+            let s0 = r.shape(id(0));
             let ax = r.axis(s0, axis)?;
             let mut total = 0usize;
-            for x in xs {
-                let s = r.shape(x.id);
+            for k in 0..n {
+                let s = r.shape(id(k));
                 if s.rank() != s0.rank() || (0..s0.rank()).any(|d| d != ax && s.dim(d) != s0.dim(d)) {
-                    let shapes = xs.iter().map(|x| r.shape(x.id)).collect();
+                    let shapes = (0..n).map(|k| r.shape(id(k))).collect();
                     return Err(Error::ShapeList { op: "concat", shapes, axis: ax, location: r.location });
                 }
                 total += s.dim(ax);
             }
-            let so = r.shape_of(
-                s0,
-                &{
-                    let mut d = s0.to_array();
-                    d[ax] = total;
-                    d
-                }[..s0.rank()],
-            )?;
-            let count =
-                u32::try_from(xs.len()).map_err(|_| r.invalid(format!("{} inputs exceed the u32 limit", xs.len())))?;
-            let at = r.extra(xs.iter().map(|x| x.id.raw()))?;
+            let so = r.shape_of(s0, &{
+                let mut d = s0.to_array();
+                d[ax] = total;
+                d
+            }[..s0.rank()])?;
+            let count = u32::try_from(n).map_err(|_| r.invalid(format!("{n} inputs exceed the u32 limit")))?;
+            let at = r.extra((0..n).map(|k| id(k).raw()))?;
             let out = r.alloc(so.numel())?;
             let (outer, _, inner) = so.split_at_axis(ax);
             let mut offset = 0;
-            for x in xs {
-                let len = r.shape(x.id).dim(ax);
-                let v = r.value(x.id);
+            for k in 0..n {
+                let len = r.shape(id(k)).dim(ax);
+                let v = r.value(id(k));
                 for o in 0..outer {
                     let dst = (o * total + offset) * inner;
                     out[dst..dst + len * inner].copy_from_slice(&v[o * len * inner..(o + 1) * len * inner]);
@@ -323,11 +325,13 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Stacks equal-shaped `xs` along a new axis `axis`.
     #[track_caller]
     pub fn stack(&'s self, xs: &[Var<'s, T>], axis: isize) -> Var<'s, T> {
-        let mut expanded = Vec::with_capacity(xs.len());
+        // Each unsqueeze records exactly one node, so the copies sit at consecutive ids
+        // from `first` on (if one fails, the scope holds the error and concat stops).
+        let first = self.core.tape.borrow().nodes.len();
         for &x in xs {
-            expanded.push(x.unsqueeze(axis));
+            x.unsqueeze(axis);
         }
-        self.concat(&expanded, axis)
+        self.concat_with(xs.len(), |k| NodeId::new((first + k) as u32), axis)
     }
 
     /// `a` where `cond ≠ 0`, else `b`, all three broadcast together. `cond` gets no gradient.

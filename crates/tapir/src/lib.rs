@@ -49,3 +49,8 @@ pub use params::{GradBuffer, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
 pub use tensor::Tensor;
+
+/// The README's examples, compiled and run as doctests so that they cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

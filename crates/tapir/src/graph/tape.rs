@@ -93,3 +93,16 @@ impl<'s, T: 'static> Tape<'s, T> {
         &self.nodes[id.index()]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_stay_small() {
+        // Value slice (16) + op (16 for f32: tag, an id, two scalars) + shape (28) + flag.
+        assert_eq!(std::mem::size_of::<Node<'static, f32>>(), 64);
+        assert_eq!(std::mem::size_of::<Op<'static, f32>>(), 16);
+        assert!(std::mem::size_of::<Node<'static, f64>>() <= 72);
+    }
+}

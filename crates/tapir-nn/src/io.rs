@@ -1,0 +1,233 @@
+//! Checkpoints in the [safetensors] format: a little-endian header of JSON (names, dtypes,
+//! shapes, offsets) followed by the raw tensor bytes, readable by the Python `safetensors`
+//! package, PyTorch and candle.
+//!
+//! Parameter names are kept exactly (`"mlp.0.weight"`); tensors are written as `F32` or
+//! `F64` after the store's element type, and either can be read into either (`F64` into
+//! `f32` rounds to nearest). Loading into a store is all-or-nothing: every tensor is parsed
+//! and checked against the store first, and any problem (a corrupt file, a missing or
+//! unexpected tensor, a shape or dtype mismatch) is an [`Error::Io`] naming the tensors and
+//! shapes involved, with the store unchanged.
+//!
+//! [safetensors]: https://huggingface.co/docs/safetensors
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use tapir::{Error, Float, ParamStore, Tensor};
+
+fn io(op: &'static str, detail: String) -> Error {
+    Error::Io { op, detail }
+}
+
+/// One tensor's bytes, ready for `safetensors::serialize`.
+struct Raw {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &Raw {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn raw<T: Float>(t: &Tensor<T>) -> Raw {
+    let (dtype, bytes) = if T::NAME == "f32" {
+        // `T` is f32 here, so the conversion through f64 is exact both ways.
+        (Dtype::F32, t.data().iter().flat_map(|v| (v.to_f64() as f32).to_le_bytes()).collect())
+    } else {
+        (Dtype::F64, t.data().iter().flat_map(|v| v.to_f64().to_le_bytes()).collect())
+    };
+    Raw { dtype, shape: t.dims(), bytes }
+}
+
+/// Serialises named tensors to safetensors bytes.
+///
+/// # Errors
+/// [`Error::Io`] if two tensors share a name.
+pub fn write_checkpoint<T: Float>(tensors: &[(&str, &Tensor<T>)]) -> tapir::Result<Vec<u8>> {
+    let mut seen = std::collections::HashSet::new();
+    if let Some((dup, _)) = tensors.iter().find(|(n, _)| !seen.insert(*n)) {
+        return Err(io("save", format!("two tensors are named {dup:?}; names must be unique")));
+    }
+    let raws: Vec<(&str, Raw)> = tensors.iter().map(|(n, t)| (*n, raw(t))).collect();
+    let metadata = HashMap::from([("format".to_string(), "tapir".to_string())]);
+    safetensors::serialize(raws.iter().map(|(n, r)| (*n, r)), Some(metadata))
+        .map_err(|e| io("save", format!("cannot serialise: {e}")))
+}
+
+/// Parses safetensors bytes into named tensors of element type `T`, in file order.
+///
+/// Accepts `F32` and `F64` tensors of rank up to [`tapir::MAX_RANK`]; never panics on
+/// malformed input.
+///
+/// # Errors
+/// [`Error::Io`] for a malformed header or data, or a tensor of another dtype or rank,
+/// naming the tensor.
+pub fn read_checkpoint<T: Float>(bytes: &[u8]) -> tapir::Result<Vec<(String, Tensor<T>)>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| io("load", format!("not a valid safetensors file: {e}")))?;
+    let mut views = st.tensors();
+    views.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+    let mut out = Vec::with_capacity(views.len());
+    for (name, view) in views {
+        let data: Vec<T> = match view.dtype() {
+            Dtype::F32 => view
+                .data()
+                .chunks_exact(4)
+                .map(|c| T::from_f64(f32::from_le_bytes([c[0], c[1], c[2], c[3]]).into()))
+                .collect(),
+            Dtype::F64 => view
+                .data()
+                .chunks_exact(8)
+                .map(|c| T::from_f64(f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])))
+                .collect(),
+            other => {
+                return Err(io("load", format!("tensor {name:?} has dtype {other:?}; only F32 and F64 can be loaded")))
+            }
+        };
+        let shape = view.shape();
+        let t = Tensor::from_vec(data, shape)
+            .map_err(|e| io("load", format!("tensor {name:?} with shape {shape:?} cannot be a tensor: {e}")))?;
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+/// The store's parameters as safetensors bytes, under their names.
+///
+/// # Errors
+/// As [`write_checkpoint`].
+pub fn to_bytes<T: Float>(store: &ParamStore<T>) -> tapir::Result<Vec<u8>> {
+    let tensors: Vec<(&str, &Tensor<T>)> = store.iter().map(|(_, n, t)| (n, t)).collect();
+    write_checkpoint(&tensors)
+}
+
+/// Replaces every parameter of `store` with the tensor of the same name in `bytes`.
+/// All-or-nothing: on error the store is unchanged.
+///
+/// # Errors
+/// [`Error::Io`] if the bytes are not a valid checkpoint, a parameter is missing from it,
+/// it holds a tensor the store does not have, or a shape differs; the message names every
+/// such tensor with both shapes.
+pub fn load_bytes<T: Float>(store: &mut ParamStore<T>, bytes: &[u8]) -> tapir::Result<()> {
+    let mut file: HashMap<String, Tensor<T>> = read_checkpoint(bytes)?.into_iter().collect();
+    let mut problems = Vec::new();
+    for (_, name, t) in store.iter() {
+        match file.get(name) {
+            None => problems.push(format!("tensor {name:?} (shape {}) is missing from the checkpoint", t.shape())),
+            Some(f) if f.shape() != t.shape() => problems.push(format!(
+                "tensor {name:?} has shape {} in the checkpoint but {} in the model",
+                f.shape(),
+                t.shape()
+            )),
+            Some(_) => {}
+        }
+    }
+    let mut unexpected: Vec<&String> = file.keys().filter(|n| store.find(n).is_none()).collect();
+    unexpected.sort();
+    for name in unexpected {
+        problems.push(format!("tensor {name:?} (shape {}) is not a parameter of the model", file[name].shape()));
+    }
+    if !problems.is_empty() {
+        return Err(io(
+            "load",
+            format!("checkpoint does not match the model, nothing loaded: {}", problems.join("; ")),
+        ));
+    }
+    let ids: Vec<(tapir::ParamId, String)> = store.iter().map(|(id, n, _)| (id, n.to_string())).collect();
+    for (id, name) in ids {
+        let src = file.remove(&name).expect("every parameter was found above");
+        let dst = store.get_mut(id).expect("ids come from this store");
+        *dst = src;
+    }
+    Ok(())
+}
+
+/// Writes the store's parameters to a safetensors file at `path`.
+///
+/// # Errors
+/// [`Error::Io`] if the file cannot be written.
+pub fn save<T: Float>(store: &ParamStore<T>, path: impl AsRef<Path>) -> tapir::Result<()> {
+    let path = path.as_ref();
+    let bytes = to_bytes(store)?;
+    std::fs::write(path, bytes).map_err(|e| io("save", format!("cannot write {}: {e}", path.display())))
+}
+
+/// Loads a safetensors file into `store`; see [`load_bytes`].
+///
+/// # Errors
+/// [`Error::Io`] if the file cannot be read, and as [`load_bytes`].
+pub fn load<T: Float>(store: &mut ParamStore<T>, path: impl AsRef<Path>) -> tapir::Result<()> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| io("load", format!("cannot read {}: {e}", path.display())))?;
+    load_bytes(store, &bytes).map_err(|e| match e {
+        Error::Io { op, detail } => Error::Io { op, detail: format!("{}: {detail}", path.display()) },
+        other => other,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store<T: Float>() -> ParamStore<T> {
+        let mut s = ParamStore::new();
+        s.add(
+            "layer.0.weight",
+            Tensor::from_vec((0..6).map(|i| T::from_f64(i as f64 * 0.1)).collect(), &[2, 3]).unwrap(),
+        )
+        .unwrap();
+        s.add("layer.0.bias", Tensor::from_vec(vec![T::from_f64(-1.5)], &[1]).unwrap()).unwrap();
+        s.add("scalar", Tensor::scalar(T::from_f64(std::f64::consts::PI))).unwrap();
+        s
+    }
+
+    #[test]
+    fn round_trips_f32_and_f64_with_names() {
+        let a = store::<f32>();
+        let bytes = to_bytes(&a).unwrap();
+        let mut b = store::<f32>();
+        for (_, t) in b.iter_mut() {
+            t.data_mut().fill(0.0);
+        }
+        load_bytes(&mut b, &bytes).unwrap();
+        assert_eq!(
+            a.iter().map(|(_, n, t)| (n.to_string(), t.clone())).collect::<Vec<_>>(),
+            b.iter().map(|(_, n, t)| (n.to_string(), t.clone())).collect::<Vec<_>>()
+        );
+        let c = store::<f64>();
+        let read = read_checkpoint::<f64>(&to_bytes(&c).unwrap()).unwrap();
+        let mut names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["layer.0.bias", "layer.0.weight", "scalar"]);
+        let pi = read.iter().find(|(n, _)| n == "scalar").unwrap().1.item().unwrap();
+        assert_eq!(pi, std::f64::consts::PI);
+        // f32 files load into f64 stores exactly.
+        let wide = read_checkpoint::<f64>(&bytes).unwrap();
+        let w = wide.iter().find(|(n, _)| n == "layer.0.weight").unwrap();
+        assert_eq!(w.1.data()[1], f64::from(0.1f32));
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let t = Tensor::<f32>::zeros(&[1]).unwrap();
+        let e = write_checkpoint(&[("a", &t), ("a", &t)]).unwrap_err();
+        assert!(e.to_string().contains("\"a\""), "{e}");
+    }
+}

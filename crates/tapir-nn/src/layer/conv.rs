@@ -1,0 +1,212 @@
+//! Convolution and pooling layers over `[N, C, H, W]` tensors, on the engine's `conv2d`
+//! (`im2col` then one GEMM), `max_pool2d` and `avg_pool2d`; and [`Flatten`].
+//!
+//! Output sizes follow PyTorch: `oh = (H + 2·ph − kh)/sh + 1`, likewise `ow`.
+
+use rand::Rng;
+use tapir::{Float, ParamId, ParamStore, Tensor, Var};
+
+use crate::layer::{Ctx, Module};
+use crate::Init;
+
+/// A 2-D convolution (cross-correlation): `y[n, o] = Σ_c w[o, c] ⋆ x[n, c] + b[o]`, with
+/// weights `"{name}.weight"` `[out, in, kh, kw]` and bias `"{name}.bias"` `[out]`, as in
+/// PyTorch's `nn.Conv2d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2d {
+    /// `[out_channels, in_channels, kh, kw]`.
+    pub weight: ParamId,
+    /// `[out_channels]`, if the layer has one.
+    pub bias: Option<ParamId>,
+    /// Vertical and horizontal stride (default `[1, 1]`).
+    pub stride: [usize; 2],
+    /// Zero padding on each side, vertical and horizontal (default `[0, 0]`).
+    pub padding: [usize; 2],
+}
+
+impl Conv2d {
+    /// A convolution from `in_channels` to `out_channels` with a `kernel` window, stride 1,
+    /// no padding, Kaiming-uniform weights (ReLU gain, `fan_in = in·kh·kw`) and zero bias.
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] for a zero size or a taken name.
+    #[track_caller]
+    pub fn new<T: Float, R: Rng + ?Sized>(
+        store: &mut ParamStore<T>,
+        name: &str,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        rng: &mut R,
+    ) -> tapir::Result<Conv2d> {
+        let [kh, kw] = kernel;
+        let area = kh * kw;
+        let w =
+            Init::RELU.tensor(&[out_channels, in_channels, kh, kw], in_channels * area, out_channels * area, rng)?;
+        let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
+        if store.find(&bn).is_some() {
+            return Err(crate::invalid("Conv2d::new", format!("a parameter named {bn:?} already exists")));
+        }
+        let weight = store.add(wn, w)?;
+        let bias = Some(store.add(bn, Tensor::zeros(&[out_channels])?)?);
+        Ok(Conv2d { weight, bias, stride: [1, 1], padding: [0, 0] })
+    }
+
+    /// The same layer with another stride.
+    #[must_use]
+    pub fn stride(mut self, stride: [usize; 2]) -> Self {
+        self.stride = stride;
+        self
+    }
+
+    /// The same layer with another padding.
+    #[must_use]
+    pub fn padding(mut self, padding: [usize; 2]) -> Self {
+        self.padding = padding;
+        self
+    }
+}
+
+impl<T: Float> Module<T> for Conv2d {
+    fn forward<'s, 'g>(&self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
+        let y = x.conv2d(cx.param(self.weight), self.stride, self.padding);
+        match self.bias {
+            Some(b) => {
+                let b = cx.param(b);
+                let c = b.shape().numel();
+                y + b.reshape(&[c, 1, 1])
+            }
+            None => y,
+        }
+    }
+}
+
+/// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding never wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxPool2d {
+    /// Window size.
+    pub kernel: [usize; 2],
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Padding on each side, at most half the kernel.
+    pub padding: [usize; 2],
+}
+
+impl MaxPool2d {
+    /// Non-overlapping `k×k` windows (stride `k`, no padding).
+    pub fn new(k: usize) -> MaxPool2d {
+        MaxPool2d { kernel: [k, k], stride: [k, k], padding: [0, 0] }
+    }
+}
+
+impl<T: Float> Module<T> for MaxPool2d {
+    fn forward<'s, 'g>(&self, _cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
+        x.max_pool2d(self.kernel, self.stride, self.padding)
+    }
+}
+
+/// Average pooling over `kernel` windows, padding counted as zeros (PyTorch's
+/// `nn.AvgPool2d` with `count_include_pad=True`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvgPool2d {
+    /// Window size.
+    pub kernel: [usize; 2],
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Padding on each side, at most half the kernel.
+    pub padding: [usize; 2],
+}
+
+impl AvgPool2d {
+    /// Non-overlapping `k×k` windows (stride `k`, no padding).
+    pub fn new(k: usize) -> AvgPool2d {
+        AvgPool2d { kernel: [k, k], stride: [k, k], padding: [0, 0] }
+    }
+}
+
+impl<T: Float> Module<T> for AvgPool2d {
+    fn forward<'s, 'g>(&self, _cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
+        x.avg_pool2d(self.kernel, self.stride, self.padding)
+    }
+}
+
+/// Flattens every axis after the first: `[N, ...] → [N, Π ...]` (no copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flatten;
+
+impl<T: Float> Module<T> for Flatten {
+    fn forward<'s, 'g>(&self, _cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
+        let shape = x.shape();
+        let n = if shape.rank() == 0 { 1 } else { shape.dim(0) };
+        x.reshape(&[n, shape.numel() / n.max(1)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::layer::Sequential;
+    use tapir::Graph;
+
+    #[test]
+    fn conv_matches_a_direct_loop() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut store = ParamStore::<f64>::new();
+        let conv = Conv2d::new(&mut store, "c", 2, 3, [3, 2], &mut rng).unwrap().stride([2, 1]).padding([1, 1]);
+        store.get_mut(conv.bias.unwrap()).unwrap().data_mut().copy_from_slice(&[0.5, -0.5, 1.0]);
+        let x = Tensor::<f64>::normal(&[2, 2, 5, 4], 0.0, 1.0, &mut rng).unwrap();
+        let mut g = Graph::new();
+        let y = g.scope(|s| conv.forward(Ctx::eval(s, &store), s.input(&x)).to_tensor().unwrap());
+        // oh = (5 + 2 − 3)/2 + 1 = 3, ow = (4 + 2 − 2)/1 + 1 = 5.
+        assert_eq!(y.dims(), [2, 3, 3, 5]);
+        let (w, b, xd) = (store.get(conv.weight).unwrap().data(), [0.5, -0.5, 1.0], x.data());
+        for n in 0..2 {
+            for o in 0..3 {
+                for i in 0..3 {
+                    for j in 0..5 {
+                        let mut acc = b[o];
+                        for c in 0..2 {
+                            for a in 0..3 {
+                                for bb in 0..2 {
+                                    let (r, q) = ((i * 2 + a) as isize - 1, (j + bb) as isize - 1);
+                                    if (0..5).contains(&r) && (0..4).contains(&q) {
+                                        acc += w[((o * 2 + c) * 3 + a) * 2 + bb]
+                                            * xd[((n * 2 + c) * 5 + r as usize) * 4 + q as usize];
+                                    }
+                                }
+                            }
+                        }
+                        let got = y.data()[((n * 3 + o) * 3 + i) * 5 + j];
+                        assert!((got - acc).abs() < 1e-12, "{got} vs {acc}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_cnn_shapes_and_gradients_flow() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let mut store = ParamStore::<f32>::new();
+        let model = Sequential::new()
+            .push(Conv2d::new(&mut store, "c1", 1, 4, [3, 3], &mut rng).unwrap().padding([1, 1]))
+            .push(crate::Activation::Relu)
+            .push(MaxPool2d::new(2))
+            .push(AvgPool2d::new(2))
+            .push(Flatten)
+            .push(crate::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
+        let x = Tensor::<f32>::normal(&[5, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
+        let mut grads = store.zeros_like();
+        let mut g = Graph::new();
+        g.scope(|s| {
+            let y = model.forward(Ctx::train(s, &store), s.input(&x));
+            assert_eq!(y.shape().to_vec(), [5, 3]);
+            s.backward_into(y.cross_entropy(&[0, 1, 2, 0, 1]), &mut grads).unwrap();
+        });
+        for (id, gr) in grads.iter() {
+            assert!(gr.data().iter().any(|&v| v != 0.0), "no gradient for {:?}", store.name(id));
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! # tapir-nn
+//!
+//! The state that survives iterations, for the [`tapir`] autodiff engine: layers whose
+//! parameters live in a [`ParamStore`](tapir::ParamStore), optimizers that own their
+//! moment buffers and update the parameters in place after each scope, learning-rate
+//! schedules, and checkpoints in the safetensors format.
+//!
+//! ## Training a model
+//!
+//! Build the layers once (their parameters go into the store), allocate the gradient
+//! buffer and the optimizer once, then run one [`Graph::scope`](tapir::Graph::scope) per
+//! step: forward, [`backward_into`](tapir::Scope::backward_into), and, after the scope has
+//! ended and released its borrow of the store, the optimizer's update.
+//!
+//! ```
+//! use rand::SeedableRng;
+//! use tapir::{Graph, ParamStore, Tensor};
+//! use tapir_nn::optim::{Adam, Optimizer};
+//! use tapir_nn::{Activation, Ctx, Mlp, Module};
+//! # fn main() -> Result<(), tapir::Error> {
+//! let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+//! let mut store = ParamStore::<f32>::new();
+//! let model = Mlp::builder(2).hidden(16).activation(Activation::Tanh).output(2).build(&mut store, "mlp", &mut rng)?;
+//! let mut grads = store.zeros_like();
+//! let mut opt = Adam::new(&store, 0.05);
+//! // XOR: four points, two classes.
+//! let x = Tensor::from_vec(vec![0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2])?;
+//! let labels = [0, 1, 1, 0];
+//! let mut graph = Graph::new();
+//! let mut loss = f32::INFINITY;
+//! for _ in 0..200 {
+//!     grads.zero();
+//!     loss = graph.scope(|s| {
+//!         let cx = Ctx::train(s, &store);
+//!         let loss = model.forward(cx, s.input(&x)).cross_entropy(&labels);
+//!         s.backward_into(loss, &mut grads)?;
+//!         loss.item()
+//!     })?;
+//!     opt.step(&mut store, &grads)?; // the scope is over: the store is ours again
+//! }
+//! assert!(loss < 0.05, "{loss}");
+//! # Ok(()) }
+//! ```
+//!
+//! A training step allocates nothing on the heap once warmed up (the integration test
+//! `tests/zero_alloc.rs` counts). See `docs/nn.md` for the layer, optimizer and checkpoint APIs.
+
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod init;
+pub mod io;
+pub mod layer;
+pub mod optim;
+
+pub use init::Init;
+pub use layer::{
+    Activation, AvgPool2d, Conv2d, Ctx, Dropout, Embedding, Flatten, LayerNorm, Linear, MaxPool2d, Mlp, MlpBuilder,
+    Module, Sequential,
+};
+
+use std::panic::Location;
+
+/// An [`tapir::Error::InvalidArgument`] naming `op`, at the caller's location.
+#[track_caller]
+pub(crate) fn invalid(op: &'static str, detail: String) -> tapir::Error {
+    tapir::Error::InvalidArgument { op, detail, location: Location::caller() }
+}
+
+/// The dimensions of `shape` as `usize`s, without allocating.
+pub(crate) fn dims(shape: tapir::Shape) -> ([usize; tapir::MAX_RANK], usize) {
+    let mut d = [0; tapir::MAX_RANK];
+    for (i, slot) in d.iter_mut().enumerate().take(shape.rank()) {
+        *slot = shape.dim(i);
+    }
+    (d, shape.rank())
+}

@@ -1,0 +1,233 @@
+//! The tape's semantics: consumption, retention, no_grad, detach, the arena limit, the
+//! first-error rule, anomaly detection, statistics and gradient buffers.
+
+use tapir::{Error, Graph, ParamStore, Tensor};
+
+fn t(data: &[f64], dims: &[usize]) -> Tensor<f64> {
+    Tensor::from_slice(data, dims).unwrap()
+}
+
+#[test]
+fn second_backward_is_an_error_unless_retained() {
+    let x = t(&[3.0], &[1]);
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let x = s.leaf(&x);
+        let y = (x * x).sum();
+        s.backward(y).unwrap();
+        assert_eq!(x.grad().unwrap(), &[6.0]); // d(x²)/dx = 2x
+        let e = s.backward(y).unwrap_err();
+        assert!(matches!(e, Error::BackwardTwice { .. }), "{e}");
+        assert!(e.to_string().contains("semantics.rs"), "{e}");
+    });
+    g.scope(|s| {
+        let x = s.leaf(&x);
+        let y = (x * x * x).sum();
+        s.backward_retain(y).unwrap();
+        s.backward_retain(y).unwrap();
+        // Each pass computes fresh gradients: 3x² = 27, not 54.
+        assert_eq!(x.grad().unwrap(), &[27.0]);
+        s.backward(y).unwrap();
+        assert!(s.backward(y).is_err());
+    });
+}
+
+#[test]
+fn no_grad_and_detach_block_gradients() {
+    let x = t(&[2.0, -1.0], &[2]);
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let x = s.leaf(&x);
+        let frozen = s.no_grad(|| x.exp());
+        assert!(!frozen.requires_grad());
+        let stopped = x.square().detach();
+        // L = Σ (x·frozen + stopped + x); dL/dx = frozen + 1 (frozen and stopped are constants).
+        let loss = (x * frozen + stopped + x).sum();
+        s.backward(loss).unwrap();
+        let gx = x.grad().unwrap();
+        assert!((gx[0] - (2f64.exp() + 1.0)).abs() < 1e-12);
+        assert!((gx[1] - ((-1f64).exp() + 1.0)).abs() < 1e-12);
+        assert!(frozen.grad().is_none());
+    });
+}
+
+#[test]
+fn with_grad_makes_a_new_leaf_sharing_the_value() {
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let c = s.tensor(&[1.0, 2.0], &[2]);
+        let x = c.with_grad();
+        assert_eq!(x.value().unwrap(), c.value().unwrap());
+        let loss = (x * 3.0).sum();
+        s.backward(loss).unwrap();
+        assert_eq!(x.grad().unwrap(), &[3.0, 3.0]);
+        assert!(c.grad().is_none());
+    });
+}
+
+#[test]
+fn branches_that_do_not_reach_the_loss_get_no_gradient() {
+    let x = t(&[1.0], &[1]);
+    let y = t(&[5.0], &[1]);
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let (x, y) = (s.leaf(&x), s.leaf(&y));
+        let _unused = y.exp();
+        let loss = (x * 2.0).sum();
+        s.backward(loss).unwrap();
+        assert_eq!(x.grad().unwrap(), &[2.0]);
+        assert!(y.grad().is_none(), "y does not reach the loss");
+    });
+}
+
+#[test]
+fn arena_limit_is_an_error_not_an_abort() {
+    let mut g = Graph::<f32>::new();
+    g.set_arena_limit(Some(1024));
+    g.scope(|s| {
+        let a = s.zeros(&[100]); // 400 bytes
+        let b = a.exp(); // 800
+        let c = b.exp(); // 1200: over
+        let d = c + a; // poisoned, no new error
+        let e = s.check().unwrap_err();
+        match &e {
+            Error::ArenaLimit { op, requested, in_use, limit, .. } => {
+                assert_eq!((*op, *requested, *in_use, *limit), ("exp", 400, 800, 1024));
+            }
+            other => panic!("expected ArenaLimit, got {other}"),
+        }
+        assert!(e.to_string().contains("requested 400 bytes") && e.to_string().contains("limit 1024"), "{e}");
+        assert_eq!(d.value().unwrap_err(), e);
+        // What was recorded before the error is still there.
+        assert_eq!(s.stats().nodes, 2);
+    });
+    // The next scope starts clean.
+    g.set_arena_limit(None);
+    g.scope(|s| assert!(s.zeros(&[1000]).value().is_ok()));
+}
+
+#[test]
+fn first_error_wins_and_names_op_shapes_and_line() {
+    let mut g = Graph::<f32>::new();
+    g.scope(|s| {
+        let a = s.zeros(&[2, 3]);
+        let b = s.zeros(&[4]);
+        let (bad, bad_line) = (a + b, line!());
+        let worse = bad.matmul(a).softmax(7);
+        let e = s.backward(worse.sum()).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Broadcast { op: "add", .. }), "{msg}");
+        assert!(msg.contains("[2, 3]") && msg.contains("[4]") && msg.contains("semantics.rs:"), "{msg}");
+        assert_eq!(e.location().unwrap().line(), bad_line);
+        assert!(bad.value().is_err() && worse.item().is_err() && bad.grad().is_none());
+    });
+}
+
+#[test]
+fn backward_needs_one_element() {
+    let mut g = Graph::<f32>::new();
+    g.scope(|s| {
+        let x = s.zeros(&[2, 2]).with_grad();
+        let e = s.backward(x.exp()).unwrap_err();
+        assert!(matches!(e, Error::NotScalar { op: "backward", .. }), "{e}");
+        assert!(e.to_string().contains("[2, 2]"));
+        // A one-element tensor of any rank is fine.
+        s.backward(x.sum().reshape(&[1, 1])).unwrap();
+    });
+}
+
+#[test]
+fn anomaly_detection_names_the_first_non_finite_op() {
+    let mut g = Graph::<f32>::new();
+    g.set_anomaly_detection(true);
+    g.scope(|s| {
+        let x = s.tensor(&[-1.0, 4.0], &[2]);
+        let ok = x.abs().sqrt();
+        assert!(ok.value().is_ok());
+        let bad = x.log(); // ln(-1) = NaN
+        let e = s.check().unwrap_err();
+        assert!(matches!(e, Error::NonFinite { op: "log", phase: "forward", .. }), "{e}");
+        assert!(bad.value().is_err());
+    });
+    g.scope(|s| {
+        // sqrt at 0 is finite forward, but its gradient 1/(2√0) is infinite.
+        let x = s.tensor(&[0.0, 4.0], &[2]).with_grad();
+        let y = x.sqrt().sum();
+        let e = s.backward(y).unwrap_err();
+        assert!(matches!(e, Error::NonFinite { op: "sqrt", phase: "backward", .. }), "{e}");
+        assert!(e.to_string().contains("semantics.rs"), "{e}");
+    });
+}
+
+#[test]
+fn stats_report_nodes_bytes_and_high_water() {
+    let mut g = Graph::<f32>::new();
+    g.scope(|s| {
+        let a = s.zeros(&[256]);
+        let _b = a.exp().sum();
+        let st = s.stats();
+        assert_eq!(st.nodes, 3);
+        assert_eq!(st.arena.bytes_in_use, 256 * 4 * 2 + 4);
+        assert_eq!(st.tape_bytes, 3 * 64);
+    });
+    let st = g.stats();
+    assert_eq!(st.arena.bytes_in_use, 0);
+    assert_eq!(st.arena.high_water, 256 * 4 * 2 + 4);
+    assert!(st.arena.capacity >= st.arena.high_water);
+}
+
+#[test]
+fn gradients_accumulate_into_a_buffer_and_mismatches_change_nothing() {
+    let mut store = ParamStore::<f64>::new();
+    let w = store.add("w", t(&[1.0, 2.0], &[2])).unwrap();
+    let mut grads = store.zeros_like();
+    let mut g = Graph::<f64>::new();
+    for _ in 0..2 {
+        g.scope(|s| {
+            let w = s.param(&store, w);
+            // L = Σ w², so dL/dw = 2w; two passes add up to 4w.
+            s.backward_into(w.square().sum(), &mut grads).unwrap();
+        });
+    }
+    assert_eq!(grads.get(w).unwrap().data(), &[4.0, 8.0]);
+
+    let mut other = ParamStore::<f64>::new();
+    other.add("v", t(&[0.0; 3], &[3])).unwrap();
+    let mut wrong = other.zeros_like();
+    g.scope(|s| {
+        let w = s.param(&store, w);
+        let e = s.backward_into(w.sum(), &mut wrong).unwrap_err();
+        assert!(matches!(e, Error::UnknownParam { .. }), "{e}");
+        assert!(e.to_string().contains("[2]") && e.to_string().contains("[3]"), "{e}");
+    });
+    assert_eq!(wrong.get(other.find("v").unwrap()).unwrap().data(), &[0.0; 3]);
+}
+
+#[test]
+fn operators_read_like_the_math() {
+    // f(x, y) = (2x + y) / y - x·3 + 1 - y, at x = 1, y = 2:
+    // ∂f/∂x = 2/y - 3 = -2; ∂f/∂y = -2x/y² - 1 = -1.5.
+    let (x0, y0) = (t(&[1.0], &[]), t(&[2.0], &[]));
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let (x, y) = (s.leaf(&x0), s.leaf(&y0));
+        let f = (2.0 * x + y) / y - x * 3.0 + 1.0 - y;
+        assert_eq!(f.item().unwrap(), 2.0 - 3.0 + 1.0 - 2.0);
+        s.backward(f).unwrap();
+        assert_eq!(x.grad().unwrap(), &[-2.0]);
+        assert_eq!(y.grad().unwrap(), &[-1.5]);
+    });
+}
+
+#[test]
+fn tape_dump_and_dot_show_ops_and_shapes() {
+    let mut g = Graph::<f32>::new();
+    g.scope(|s| {
+        let x = s.zeros(&[2, 3]).with_grad();
+        let _ = (x * x).sum();
+        let dump = s.dump();
+        assert!(dump.contains("%2 = mul %1 %1 : [2, 3] grad"), "{dump}");
+        let dot = s.to_dot();
+        assert!(dot.starts_with("digraph") && dot.contains("n1 -> n2"), "{dot}");
+    });
+}

@@ -1,5 +1,15 @@
 //! Gradient checking, like `torch.autograd.gradcheck`: compares a function's backward
 //! pass with central finite differences in `f64`.
+//!
+//! [`program`] builds random programs from raw bytes for the fuzz target `tape_program`,
+//! the corpus replay and the property tests; [`tensor_io`] does the same for the loaders
+//! of external data (fuzz target `tensor_io`).
+
+mod generate;
+mod model;
+pub mod program;
+pub mod tensor_io;
+pub mod unstructured;
 
 use rand::{RngExt, SeedableRng};
 

@@ -1,0 +1,519 @@
+//! The generator behind [`Program::from_bytes`]: it tracks every value's shape while it
+//! decodes, so that most arguments are valid and programs get deep, and draws an
+//! argument without regard to the shapes about one step in sixteen.
+
+use crate::testing::model::{self, Outcome};
+use crate::testing::program::{
+    BinOp, CmpOp, Dtype, Ending, Leaf, Program, ReduceOp, ScalarOp, Step, UnaryOp, MAX_STEPS,
+};
+use crate::testing::unstructured::Unstructured;
+
+/// Decodes `bytes` into a program.
+///
+/// Header byte: bits 4–5 clear selects a smooth program (`f64`, smooth ops only, valid
+/// arguments); otherwise bit 0 picks `f32`, bits 1–2 both set allow special values (NaN,
+/// infinities, huge values, signed zeros). Bit 3 picks two threads; bits 6–7 both set
+/// cap the arena at fewer than 4096 bytes.
+pub(crate) fn program(bytes: &[u8]) -> Program {
+    let mut u = Unstructured::new(bytes);
+    let header = u.byte();
+    let smooth = header & 0b11_0000 == 0;
+    let dtype = if header & 1 == 0 || smooth { Dtype::F64 } else { Dtype::F32 };
+    let specials = !smooth && header & 0b110 == 0b110;
+    let threads = if header & 0b1000 == 0 { 1 } else { 2 };
+    let arena_limit = (header & 0b1100_0000 == 0b1100_0000).then(|| u.below(1 << 12));
+    let ending = match u.below(4) {
+        0 => Ending::Twice,
+        1 => Ending::RetainThenOnce,
+        _ => Ending::Once,
+    };
+    let mut g = Gen { u, shapes: vec![], steps: vec![], leaves: 0, poisoned: false, smooth, specials };
+    let mut leaves = vec![];
+    for _ in 0..g.u.range(1, 3) {
+        let dims = g.small_dims();
+        let data = g.data(dims.iter().product());
+        let grad = g.u.chance(3, 4);
+        g.shapes.push(dims.clone());
+        leaves.push(Leaf { dims, data, grad });
+    }
+    g.leaves = leaves.len();
+    while !g.u.is_empty() && g.steps.len() < MAX_STEPS {
+        g.step();
+    }
+    let values = g.shapes.len();
+    let loss = if g.u.chance(7, 8) { values - 1 } else { g.u.below(values) };
+    let reduce_loss = smooth || g.u.chance(7, 8);
+    Program { dtype, leaves, steps: g.steps, loss, reduce_loss, ending, arena_limit, threads }
+}
+
+const UNARY: [UnaryOp; 15] = [
+    UnaryOp::Neg,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sqrt,
+    UnaryOp::Square,
+    UnaryOp::Recip,
+    UnaryOp::Abs,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Gelu,
+    UnaryOp::GeluTanh,
+    UnaryOp::Softplus,
+];
+
+/// The generator's state: the reader and every value's shape so far.
+struct Gen<'a> {
+    u: Unstructured<'a>,
+    /// Shapes of the values (after the first predicted error, whatever the model said last).
+    shapes: Vec<Vec<usize>>,
+    steps: Vec<Step>,
+    leaves: usize,
+    /// Whether a step already failed: later shapes are placeholders.
+    poisoned: bool,
+    /// Only smooth ops with valid arguments.
+    smooth: bool,
+    /// Leaves and constants may hold NaN, infinities, huge values and signed zeros.
+    specials: bool,
+}
+
+/// Dimensions that no shape accepts, and that never reach an allocator.
+const BAD_DIMS: [&[usize]; 3] = [&[1; 7], &[1 << 32], &[1 << 31, 1 << 31, 4]];
+
+impl Gen<'_> {
+    fn push(&mut self, step: Step) -> usize {
+        let shape = if self.poisoned {
+            vec![]
+        } else {
+            match model::outcome(&step, &self.shapes) {
+                Outcome::Ok(d) => d,
+                Outcome::Err { .. } => {
+                    self.poisoned = true;
+                    vec![]
+                }
+            }
+        };
+        self.shapes.push(shape);
+        self.steps.push(step);
+        self.shapes.len() - 1
+    }
+
+    fn shape(&self, i: usize) -> &[usize] {
+        &self.shapes[i]
+    }
+
+    /// An operand: one of the last four values most of the time.
+    fn pick(&mut self) -> usize {
+        let n = self.shapes.len();
+        if self.u.chance(3, 4) {
+            n - 1 - self.u.below(n.min(4))
+        } else {
+            self.u.below(n)
+        }
+    }
+
+    /// An operand whose shape satisfies `ok`, if there is one.
+    fn pick_where(&mut self, ok: impl Fn(&[usize]) -> bool) -> Option<usize> {
+        let fits: Vec<usize> = (0..self.shapes.len()).filter(|&i| ok(&self.shapes[i])).collect();
+        (!fits.is_empty()).then(|| fits[fits.len() - 1 - self.u.below(fits.len().min(6))])
+    }
+
+    /// Whether this step's arguments respect the shapes (always, in smooth mode).
+    fn valid(&mut self) -> bool {
+        self.smooth || self.u.chance(15, 16)
+    }
+
+    fn value(&mut self) -> f64 {
+        let b = self.u.byte();
+        if self.specials && b >= 0xF8 {
+            return [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 1e-310][usize::from(b & 7)];
+        }
+        (f64::from(b) - 127.5) / 48.0
+    }
+
+    fn data(&mut self, n: usize) -> Vec<f64> {
+        (0..n).map(|_| self.value()).collect()
+    }
+
+    /// Rank 0 to 3, dimensions 1 to 4, now and then a 0.
+    fn small_dims(&mut self) -> Vec<usize> {
+        let rank = self.u.below(4);
+        (0..rank).map(|_| if self.u.chance(1, 16) { 0 } else { self.u.range(1, 4) }).collect()
+    }
+
+    fn bad_dims(&mut self) -> Vec<usize> {
+        if self.u.chance(1, 2) {
+            BAD_DIMS[self.u.below(BAD_DIMS.len())].to_vec()
+        } else {
+            (0..self.u.below(4)).map(|_| self.u.below(6)).collect()
+        }
+    }
+
+    fn constant(&mut self, dims: Vec<usize>) -> usize {
+        let data = self.data(dims.iter().product());
+        self.push(Step::Const { dims, data })
+    }
+
+    /// A shape that broadcasts with `dims`: a suffix of it with some dimensions set to 1.
+    fn broadcastable(&mut self, dims: &[usize]) -> Vec<usize> {
+        let keep = self.u.below(dims.len() + 1);
+        dims[dims.len() - keep..].iter().map(|&d| if self.u.chance(1, 3) { 1 } else { d }).collect()
+    }
+
+    /// An operand that broadcasts with `a` (made as a constant if none exists).
+    fn partner(&mut self, a: usize) -> usize {
+        let sa = self.shape(a).to_vec();
+        if !self.valid() {
+            return self.pick();
+        }
+        match self.pick_where(|s| model::broadcast(s, &sa).is_some()) {
+            Some(b) if self.u.chance(3, 4) => b,
+            _ => {
+                let dims = self.broadcastable(&sa);
+                self.constant(dims)
+            }
+        }
+    }
+
+    fn axis_for(&mut self, rank: usize, valid: bool) -> isize {
+        if valid && rank > 0 {
+            self.u.below(2 * rank) as isize - rank as isize
+        } else {
+            self.u.axis(rank)
+        }
+    }
+
+    fn axes_for(&mut self, rank: usize, valid: bool) -> Vec<isize> {
+        (0..self.u.below(rank.min(3) + 1)).map(|_| self.axis_for(rank, valid)).collect()
+    }
+
+    fn scalar(&mut self) -> f64 {
+        if self.smooth {
+            return 0.25 + f64::from(self.u.byte() % 8) / 4.0;
+        }
+        self.value()
+    }
+
+    /// Generates one step (and any constants it needs).
+    fn step(&mut self) {
+        const KINDS: usize = 30;
+        const SMOOTH: [usize; 22] = [0, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 24];
+        let kind = if self.smooth { SMOOTH[self.u.below(SMOOTH.len())] } else { self.u.below(KINDS) };
+        let step = match kind {
+            0 => {
+                let ops = if self.smooth { &BINARY[..3] } else { &BINARY[..] };
+                let op = ops[self.u.below(ops.len())];
+                let a = self.pick();
+                let b = self.partner(a);
+                Step::Binary { op, a, b }
+            }
+            1 => {
+                let op = [CmpOp::Gt, CmpOp::Ge, CmpOp::Lt, CmpOp::Le, CmpOp::Equal][self.u.below(5)];
+                let a = self.pick();
+                let b = self.partner(a);
+                Step::Compare { op, a, b }
+            }
+            2 => {
+                let ops = if self.smooth { &SCALAR[..4] } else { &SCALAR[..] };
+                let op = ops[self.u.below(ops.len())];
+                Step::Scalar { op, x: self.pick(), c: self.scalar() }
+            }
+            3 => {
+                let (x, mut lo, mut hi) = (self.pick(), self.value(), self.value());
+                if self.valid() && lo > hi {
+                    std::mem::swap(&mut lo, &mut hi);
+                }
+                Step::Clamp { x, lo, hi }
+            }
+            4 => {
+                let op = loop {
+                    let op = UNARY[self.u.below(UNARY.len())];
+                    if !self.smooth || op.smooth() {
+                        break op;
+                    }
+                };
+                Step::Unary { op, x: self.pick() }
+            }
+            5 => self.matmul(),
+            6 => {
+                let x = self.pick();
+                let dims = if self.valid() {
+                    let mut d = self.shape(x).to_vec();
+                    for i in (1..d.len()).rev() {
+                        d.swap(i, self.u.below(i + 1));
+                    }
+                    if d.len() < 6 && self.u.chance(1, 3) {
+                        d.insert(self.u.below(d.len() + 1), 1);
+                    }
+                    if self.u.chance(1, 4) {
+                        d = vec![d.iter().product()];
+                    }
+                    d
+                } else {
+                    self.bad_dims()
+                };
+                Step::Reshape { x, dims }
+            }
+            7 => {
+                let x = self.pick();
+                let rank = self.shape(x).len();
+                let mut axes: Vec<usize> = (0..rank).collect();
+                if self.valid() {
+                    for i in (1..rank).rev() {
+                        axes.swap(i, self.u.below(i + 1));
+                    }
+                } else {
+                    axes =
+                        (0..self.u.range(rank.saturating_sub(1), rank + 1)).map(|_| self.u.below(rank + 2)).collect();
+                }
+                Step::Permute { x, axes }
+            }
+            8 => {
+                let x = self.pick_where(|s| s.len() >= 2).unwrap_or_else(|| self.pick());
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                let (a0, a1) = if self.u.chance(1, 3) {
+                    (-2, -1)
+                } else {
+                    (self.axis_for(rank, valid), self.axis_for(rank, valid))
+                };
+                Step::Transpose { x, a0, a1 }
+            }
+            9 => {
+                let x = self.pick();
+                let dims = if self.valid() {
+                    let mut d = self.shape(x).to_vec();
+                    for v in d.iter_mut().filter(|v| **v == 1) {
+                        *v = self.u.range(1, 3);
+                    }
+                    for _ in 0..self.u.below(3) {
+                        if d.len() < 6 {
+                            d.insert(0, self.u.range(1, 3));
+                        }
+                    }
+                    d
+                } else {
+                    self.bad_dims()
+                };
+                Step::BroadcastTo { x, dims }
+            }
+            10 => {
+                let x = self.pick_where(|s| s.contains(&1)).unwrap_or_else(|| self.pick());
+                let shape = self.shape(x).to_vec();
+                let ones: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] == 1).collect();
+                let axis = if self.valid() && !ones.is_empty() {
+                    ones[self.u.below(ones.len())] as isize
+                } else {
+                    self.u.axis(shape.len())
+                };
+                Step::Squeeze { x, axis }
+            }
+            11 => {
+                let x = self.pick();
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                Step::Unsqueeze { x, axis: self.axis_for(rank + 1, valid) }
+            }
+            12 => {
+                let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
+                let shape = self.shape(x).to_vec();
+                let valid = self.valid();
+                let axis = self.axis_for(shape.len(), valid);
+                let dim = model::resolve(shape.len(), axis).map_or(2, |a| shape[a]);
+                let (start, len) = if valid {
+                    let start = self.u.range(0, dim);
+                    (start, self.u.range(0, dim - start))
+                } else if self.u.chance(1, 4) {
+                    (self.u.below(3), usize::MAX)
+                } else {
+                    (self.u.range(0, dim + 2), self.u.range(0, dim + 2))
+                };
+                Step::Narrow { x, axis, start, len }
+            }
+            13 | 14 => {
+                let x = self.pick_where(|s| !s.is_empty() || kind == 14).unwrap_or_else(|| self.pick());
+                let shape = self.shape(x).to_vec();
+                let valid = self.valid();
+                let stack = kind == 14;
+                let axis = self.axis_for(shape.len() + usize::from(stack), valid);
+                let mut xs = vec![x];
+                for _ in 0..self.u.below(3) {
+                    let other = if !valid {
+                        self.pick()
+                    } else if stack {
+                        self.pick_where(|s| s == shape).unwrap_or(x)
+                    } else {
+                        let ax = model::resolve(shape.len(), axis);
+                        let agree = |s: &[usize]| {
+                            s.len() == shape.len() && (0..s.len()).all(|d| Some(d) == ax || s[d] == shape[d])
+                        };
+                        self.pick_where(agree).unwrap_or(x)
+                    };
+                    xs.push(other);
+                }
+                if !valid && self.u.chance(1, 4) {
+                    xs.clear();
+                }
+                if stack {
+                    Step::Stack { xs, axis }
+                } else {
+                    Step::Concat { xs, axis }
+                }
+            }
+            15 => {
+                let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
+                let shape = self.shape(x).to_vec();
+                let valid = self.valid();
+                let axis = self.axis_for(shape.len(), valid);
+                let dim = model::resolve(shape.len(), axis).map_or(2, |a| shape[a]);
+                let n = self.u.below(5);
+                let indices = if valid {
+                    (0..if dim == 0 { 0 } else { n }).map(|_| self.u.below(dim)).collect()
+                } else if self.u.chance(1, 4) {
+                    vec![(1 << 32) + self.u.below(2)]
+                } else {
+                    (0..n).map(|_| self.u.below(dim + 3)).collect()
+                };
+                Step::IndexSelect { x, axis, indices }
+            }
+            16 => {
+                let a = self.pick();
+                let cond = self.partner(a);
+                let b = self.partner(a);
+                Step::Where { cond, a, b }
+            }
+            17 => {
+                let ops = if self.smooth { &REDUCE[..2] } else { &REDUCE[..] };
+                let op = ops[self.u.below(ops.len())];
+                let x = self.pick();
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                let axes = (!self.u.chance(1, 3)).then(|| self.axes_for(rank, valid));
+                Step::Reduce { op, x, axes, keepdim: self.u.chance(1, 2) }
+            }
+            18 => {
+                let x = self.pick();
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                let axes = self.axes_for(rank, valid);
+                let correction = self.u.below(2);
+                Step::Var { x, axes, keepdim: self.u.chance(1, 2), correction }
+            }
+            19 => {
+                let x = self.pick_where(|s| !s.is_empty() && !s.contains(&0)).unwrap_or_else(|| self.pick());
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                Step::LogSumExp { x, axis: self.axis_for(rank, valid), keepdim: self.u.chance(1, 2) }
+            }
+            20 => {
+                let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                Step::Softmax { x, axis: self.axis_for(rank, valid), log: self.u.chance(1, 2) }
+            }
+            21 | 22 => {
+                let valid = self.valid();
+                let x = match self.pick_where(|s| s.len() == 2 && s[1] > 0) {
+                    Some(x) if self.u.chance(3, 4) || !valid => x,
+                    _ => {
+                        let dims = vec![self.u.range(1, 3), self.u.range(1, 4)];
+                        self.constant(dims)
+                    }
+                };
+                let shape = self.shape(x).to_vec();
+                let labels = if valid && shape.len() == 2 {
+                    (0..shape[0]).map(|_| self.u.below(shape[1])).collect()
+                } else {
+                    (0..self.u.below(4)).map(|_| self.u.below(5)).collect()
+                };
+                if kind == 21 {
+                    Step::CrossEntropy { x, labels }
+                } else {
+                    Step::Nll { x, labels }
+                }
+            }
+            23 => {
+                let x = self.pick();
+                let shape = self.shape(x).to_vec();
+                let y = if !self.valid() {
+                    self.pick()
+                } else {
+                    match self.pick_where(|s| s == shape) {
+                        Some(y) if self.u.chance(1, 2) => y,
+                        _ => self.constant(shape),
+                    }
+                };
+                Step::Bce { x, y }
+            }
+            24 => {
+                let a = self.pick();
+                let b = self.partner(a);
+                Step::Mse { a, b }
+            }
+            25 => Step::Detach { x: self.pick() },
+            26 => Step::WithGrad { x: self.pick() },
+            27 => {
+                // A unary, scalar or binary op under no_grad.
+                let x = self.pick();
+                let inner = match self.u.below(3) {
+                    0 => Step::Unary { op: UNARY[self.u.below(UNARY.len())], x },
+                    1 => Step::Scalar { op: SCALAR[self.u.below(SCALAR.len())], x, c: self.value() },
+                    _ => {
+                        let b = self.partner(x);
+                        Step::Binary { op: BINARY[self.u.below(BINARY.len())], a: x, b }
+                    }
+                };
+                Step::NoGrad(Box::new(inner))
+            }
+            28 => {
+                let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
+                let mut n: usize = if model::valid_dims(&dims) { dims.iter().product() } else { 2 };
+                if !self.valid() {
+                    n = (n + 1).saturating_sub(self.u.below(3));
+                }
+                let data = self.data(n);
+                Step::Const { dims, data }
+            }
+            _ => {
+                let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
+                Step::Full { dims, v: self.value() }
+            }
+        };
+        self.push(step);
+    }
+
+    fn matmul(&mut self) -> Step {
+        let a = self.pick_where(|s| s.len() >= 2).unwrap_or_else(|| self.pick());
+        let sa = self.shape(a).to_vec();
+        if sa.len() < 2 || !self.valid() {
+            return Step::MatMul { a, b: self.pick() };
+        }
+        let (batch, k) = (&sa[..sa.len() - 2], sa[sa.len() - 1]);
+        let fits =
+            |s: &[usize]| s.len() >= 2 && s[s.len() - 2] == k && model::broadcast(&s[..s.len() - 2], batch).is_some();
+        let b = match self.pick_where(fits) {
+            Some(b) if self.u.chance(1, 2) => b,
+            _ => {
+                let mut dims = self.broadcastable(batch);
+                dims.extend([k, self.u.range(1, 4)]);
+                self.constant(dims)
+            }
+        };
+        Step::MatMul { a, b }
+    }
+}
+
+const BINARY: [BinOp; 7] = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Pow, BinOp::Maximum, BinOp::Minimum];
+const SCALAR: [ScalarOp; 8] = [
+    ScalarOp::Add,
+    ScalarOp::Sub,
+    ScalarOp::Mul,
+    ScalarOp::Div,
+    ScalarOp::Powf,
+    ScalarOp::LeakyRelu,
+    ScalarOp::RSub,
+    ScalarOp::RDiv,
+];
+const REDUCE: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];

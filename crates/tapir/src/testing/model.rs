@@ -1,0 +1,330 @@
+//! A reference model of the op set's shape rules, written from the documentation rather
+//! than from the ops' code: for each [`Step`] it predicts the output shape, or the error
+//! variant and op name that the engine must record.
+//!
+//! The harness compares the engine with this model after every step, so a shape rule
+//! that drifts from its documentation, or an error reported under the wrong variant or
+//! op name, is a finding.
+
+use crate::error::Error;
+use crate::shape::MAX_RANK;
+use crate::testing::program::{ReduceOp, Step};
+
+/// What a step must do, given its operands' shapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Succeed with this shape.
+    Ok(Vec<usize>),
+    /// Record the error `variant` (the `Error` variant's name) under the op name `op`.
+    Err { variant: &'static str, op: &'static str },
+}
+
+/// The name of `e`'s variant, as in [`Outcome::Err`].
+pub(crate) fn variant(e: &Error) -> &'static str {
+    match e {
+        Error::ShapeMismatch { .. } => "ShapeMismatch",
+        Error::Broadcast { .. } => "Broadcast",
+        Error::MatMulShape { .. } => "MatMulShape",
+        Error::BadAxis { .. } => "BadAxis",
+        Error::InvalidShape { .. } => "InvalidShape",
+        Error::ShapeList { .. } => "ShapeList",
+        Error::IndexOutOfRange { .. } => "IndexOutOfRange",
+        Error::DataLength { .. } => "DataLength",
+        Error::NotScalar { .. } => "NotScalar",
+        Error::BackwardTwice { .. } => "BackwardTwice",
+        Error::ArenaLimit { .. } => "ArenaLimit",
+        Error::OutOfMemory { .. } => "OutOfMemory",
+        Error::TapeFull { .. } => "TapeFull",
+        Error::NonFinite { .. } => "NonFinite",
+        Error::InvalidArgument { .. } => "InvalidArgument",
+        Error::UnknownParam { .. } => "UnknownParam",
+        Error::Io { .. } => "Io",
+    }
+}
+
+fn err(variant: &'static str, op: &'static str) -> Outcome {
+    Outcome::Err { variant, op }
+}
+
+/// Whether `dims` make a valid shape: rank ≤ 6, each dimension fits in a `u32`, and the
+/// element count fits in `isize::MAX / 8` (so an `f64` buffer of it is addressable).
+pub(crate) fn valid_dims(dims: &[usize]) -> bool {
+    dims.len() <= MAX_RANK
+        && dims.iter().all(|&d| u32::try_from(d).is_ok())
+        && dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_some_and(|n| n <= isize::MAX as usize / 8)
+}
+
+/// `axis` in `-rank..rank`, made non-negative.
+pub(crate) fn resolve(rank: usize, axis: isize) -> Option<usize> {
+    let r = rank as isize;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a as usize)
+}
+
+/// NumPy broadcasting: aligned from the right, each pair equal or containing a 1.
+pub(crate) fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { 1 };
+    (0..rank)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+fn numel(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+/// `Some(reduced shape)` or the error of a reduction over `axes` (in the given order).
+fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty: bool) -> Outcome {
+    let mut picked = [false; MAX_RANK];
+    for &a in axes {
+        match resolve(x.len(), a) {
+            Some(ax) => picked[ax] = true,
+            None => return err("BadAxis", op),
+        }
+    }
+    if nonempty && (0..x.len()).any(|ax| picked[ax] && x[ax] == 0) {
+        return err("InvalidShape", op);
+    }
+    let out = (0..x.len()).filter_map(|ax| match (picked[ax], keepdim) {
+        (false, _) => Some(x[ax]),
+        (true, true) => Some(1),
+        (true, false) => None,
+    });
+    Outcome::Ok(out.collect())
+}
+
+fn unsqueezed(x: &[usize], axis: isize) -> Result<Vec<usize>, Outcome> {
+    let ax = resolve(x.len() + 1, axis).ok_or(err("BadAxis", "unsqueeze"))?;
+    if x.len() + 1 > MAX_RANK {
+        return Err(err("InvalidShape", "reshape"));
+    }
+    let mut d = x.to_vec();
+    d.insert(ax, 1);
+    Ok(d)
+}
+
+fn concat(xs: &[&[usize]], axis: isize) -> Outcome {
+    let Some(first) = xs.first() else {
+        return err("InvalidArgument", "concat");
+    };
+    let Some(ax) = resolve(first.len(), axis) else {
+        return err("BadAxis", "concat");
+    };
+    let agree = |s: &&[usize]| s.len() == first.len() && (0..s.len()).all(|d| d == ax || s[d] == first[d]);
+    if !xs.iter().all(agree) {
+        return err("ShapeList", "concat");
+    }
+    let mut out = first.to_vec();
+    out[ax] = xs.iter().map(|s| s[ax]).sum();
+    if valid_dims(&out) {
+        Outcome::Ok(out)
+    } else {
+        err("InvalidShape", "concat")
+    }
+}
+
+fn labels(op: &'static str, x: &[usize], labels: &[usize]) -> Outcome {
+    if x.len() != 2 || x[0] != labels.len() {
+        return err("InvalidShape", op);
+    }
+    if labels.iter().any(|&l| l >= x[1]) {
+        return err("IndexOutOfRange", op);
+    }
+    Outcome::Ok(vec![])
+}
+
+/// The outcome of `step` when value `i` has shape `shapes[i]` and the scope holds no error.
+pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
+    let s = |i: usize| shapes[i].as_slice();
+    let same = |i: usize| Outcome::Ok(shapes[i].clone());
+    match step {
+        Step::Binary { op, a, b } => broadcast(s(*a), s(*b)).map_or(err("Broadcast", op.name()), Outcome::Ok),
+        Step::Compare { op, a, b } => broadcast(s(*a), s(*b)).map_or(err("Broadcast", op.name()), Outcome::Ok),
+        Step::Scalar { x, .. } | Step::Unary { x, .. } | Step::Detach { x } | Step::WithGrad { x } => same(*x),
+        Step::Clamp { x, lo, hi } => {
+            if lo <= hi {
+                same(*x)
+            } else {
+                err("InvalidArgument", "clamp")
+            }
+        }
+        Step::MatMul { a, b } => {
+            let (a, b) = (s(*a), s(*b));
+            let (ra, rb) = (a.len(), b.len());
+            if ra < 2 || rb < 2 || a[ra - 1] != b[rb - 2] {
+                return err("MatMulShape", "matmul");
+            }
+            match broadcast(&a[..ra - 2], &b[..rb - 2]) {
+                Some(mut out) => {
+                    out.extend([a[ra - 2], b[rb - 1]]);
+                    if out.len() <= MAX_RANK {
+                        Outcome::Ok(out)
+                    } else {
+                        err("MatMulShape", "matmul")
+                    }
+                }
+                None => err("MatMulShape", "matmul"),
+            }
+        }
+        Step::Reshape { x, dims } => {
+            if valid_dims(dims) && numel(dims) == numel(s(*x)) {
+                Outcome::Ok(dims.clone())
+            } else {
+                err("InvalidShape", "reshape")
+            }
+        }
+        Step::Permute { x, axes } => {
+            let x = s(*x);
+            let mut sorted = axes.clone();
+            sorted.sort_unstable();
+            if sorted.iter().copied().eq(0..x.len()) {
+                Outcome::Ok(axes.iter().map(|&a| x[a]).collect())
+            } else {
+                err("InvalidShape", "permute")
+            }
+        }
+        Step::Transpose { x, a0, a1 } => {
+            let x = s(*x);
+            match (resolve(x.len(), *a0), resolve(x.len(), *a1)) {
+                (Some(p), Some(q)) => {
+                    let mut out = x.to_vec();
+                    out.swap(p, q);
+                    Outcome::Ok(out)
+                }
+                _ => err("BadAxis", "transpose"),
+            }
+        }
+        Step::BroadcastTo { x, dims } => {
+            if !valid_dims(dims) {
+                return err("InvalidShape", "broadcast_to");
+            }
+            let x = s(*x);
+            if x.len() <= dims.len() && broadcast(x, dims).as_deref() == Some(dims.as_slice()) {
+                Outcome::Ok(dims.clone())
+            } else {
+                err("Broadcast", "broadcast_to")
+            }
+        }
+        Step::Squeeze { x, axis } => {
+            let x = s(*x);
+            match resolve(x.len(), *axis) {
+                Some(ax) if x[ax] == 1 => {
+                    let mut out = x.to_vec();
+                    out.remove(ax);
+                    Outcome::Ok(out)
+                }
+                _ => err("BadAxis", "squeeze"),
+            }
+        }
+        Step::Unsqueeze { x, axis } => unsqueezed(s(*x), *axis).map_or_else(|e| e, Outcome::Ok),
+        Step::Narrow { x, axis, start, len } => {
+            let x = s(*x);
+            let Some(ax) = resolve(x.len(), *axis) else {
+                return err("BadAxis", "narrow");
+            };
+            if start.checked_add(*len).is_none_or(|end| end > x[ax]) {
+                return err("IndexOutOfRange", "narrow");
+            }
+            let mut out = x.to_vec();
+            out[ax] = *len;
+            Outcome::Ok(out)
+        }
+        Step::Concat { xs, axis } => concat(&xs.iter().map(|&i| s(i)).collect::<Vec<_>>(), *axis),
+        Step::Stack { xs, axis } => {
+            let mut expanded = Vec::with_capacity(xs.len());
+            for &i in xs {
+                match unsqueezed(s(i), *axis) {
+                    Ok(d) => expanded.push(d),
+                    Err(e) => return e,
+                }
+            }
+            concat(&expanded.iter().map(Vec::as_slice).collect::<Vec<_>>(), *axis)
+        }
+        Step::IndexSelect { x, axis, indices } => {
+            let x = s(*x);
+            let Some(ax) = resolve(x.len(), *axis) else {
+                return err("BadAxis", "index_select");
+            };
+            if indices.iter().any(|&i| i >= x[ax]) {
+                return err("IndexOutOfRange", "index_select");
+            }
+            let mut out = x.to_vec();
+            out[ax] = indices.len();
+            Outcome::Ok(out)
+        }
+        Step::Where { cond, a, b } => match broadcast(s(*cond), s(*a)).and_then(|ca| broadcast(&ca, s(*b))) {
+            Some(out) => Outcome::Ok(out),
+            None => err("Broadcast", "where"),
+        },
+        Step::Reduce { op, x, axes, keepdim } => {
+            let x = s(*x);
+            let nonempty = matches!(op, ReduceOp::Max | ReduceOp::Min);
+            match axes {
+                // Mean over axes is a sum over them, scaled: a bad axis is the sum's error.
+                Some(axes) => reduce(op.axes_name(), x, axes, *keepdim, nonempty),
+                None if nonempty && numel(x) == 0 => err("InvalidShape", op.axes_name()),
+                None => Outcome::Ok(vec![]),
+            }
+        }
+        Step::Var { x, axes, keepdim, .. } => reduce("sum", s(*x), axes, *keepdim, false),
+        Step::LogSumExp { x, axis, keepdim } => reduce("logsumexp", s(*x), &[*axis], *keepdim, true),
+        Step::Softmax { x, axis, log } => match resolve(s(*x).len(), *axis) {
+            Some(_) => same(*x),
+            None => err("BadAxis", if *log { "log_softmax" } else { "softmax" }),
+        },
+        Step::CrossEntropy { x, labels: l } => labels("cross_entropy", s(*x), l),
+        Step::Nll { x, labels: l } => labels("nll_loss", s(*x), l),
+        Step::Bce { x, y } => {
+            if s(*x) == s(*y) {
+                Outcome::Ok(vec![])
+            } else {
+                err("ShapeMismatch", "bce_with_logits")
+            }
+        }
+        Step::Mse { a, b } => match broadcast(s(*a), s(*b)) {
+            Some(_) => Outcome::Ok(vec![]),
+            None => err("Broadcast", "sub"),
+        },
+        Step::NoGrad(inner) => outcome(inner, shapes),
+        Step::Const { dims, data } => {
+            if !valid_dims(dims) {
+                err("InvalidShape", "tensor")
+            } else if data.len() != numel(dims) {
+                err("DataLength", "tensor")
+            } else {
+                Outcome::Ok(dims.clone())
+            }
+        }
+        Step::Full { dims, .. } => {
+            if valid_dims(dims) {
+                Outcome::Ok(dims.clone())
+            } else {
+                err("InvalidShape", "full")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_and_dims_follow_the_documented_rules() {
+        assert_eq!(broadcast(&[4, 1, 3], &[5, 1]), Some(vec![4, 5, 3]));
+        assert_eq!(broadcast(&[2], &[3]), None);
+        assert_eq!(broadcast(&[], &[2, 2]), Some(vec![2, 2]));
+        assert!(!valid_dims(&[1; 7]));
+        assert!(!valid_dims(&[1 << 32]));
+        assert!(!valid_dims(&[1 << 31, 1 << 31, 4]));
+        assert!(valid_dims(&[0, 1 << 31]));
+        assert_eq!(resolve(2, -1), Some(1));
+        assert_eq!(resolve(0, 0), None);
+    }
+}

@@ -1,0 +1,212 @@
+//! The bad-input catalogue: one test per documented [`Error`] variant. Each makes the
+//! mistake a user would, then checks the variant, and that the message names the op,
+//! every shape involved, and the caller's file and line, so that a failure deep in a
+//! model points at the line that caused it.
+
+use std::panic::Location;
+
+use tapir::{Error, Graph, ParamStore, Tensor};
+
+/// Checks that `msg` starts with `op`, names every shape in `shapes`, and points at this
+/// file (the caller's location), when `located`.
+#[track_caller]
+fn assert_names(e: &Error, op: &str, shapes: &[&str], located: bool) {
+    let msg = e.to_string();
+    assert_eq!(e.op(), op, "{msg}");
+    assert!(msg.starts_with(&format!("{op}: ")), "message should start with the op: {msg}");
+    for shape in shapes {
+        assert!(msg.contains(shape), "message should name {shape}: {msg}");
+    }
+    if located {
+        let at = e.location().expect("a located error");
+        assert_eq!(at.file(), file!(), "{msg}");
+        assert!(msg.contains(&format!("{}:{}", file!(), at.line())), "message should name the caller: {msg}");
+    }
+}
+
+fn t(dims: &[usize]) -> Tensor<f64> {
+    let n = dims.iter().product::<usize>();
+    Tensor::from_vec((0..n).map(|i| i as f64 * 0.5 - 1.0).collect(), dims).expect("valid dims")
+}
+
+/// The scope's first error after `$body` records some ops on the scope `$s`.
+macro_rules! scope_error {
+    (|$s:ident| $body:expr) => {{
+        let mut g = Graph::<f64>::new();
+        g.scope(|$s| {
+            let _ = $body;
+            $s.check().expect_err("the op should have failed")
+        })
+    }};
+}
+
+#[test]
+fn shape_mismatch() {
+    let (a, b) = (t(&[2, 3]), t(&[3]));
+    let e = scope_error!(|s| s.leaf(&a).bce_with_logits(s.input(&b)));
+    assert!(matches!(e, Error::ShapeMismatch { .. }), "{e:?}");
+    assert_names(&e, "bce_with_logits", &["[2, 3]", "[3]"], true);
+}
+
+#[test]
+fn broadcast() {
+    let (a, b) = (t(&[2, 3]), t(&[4]));
+    let e = scope_error!(|s| s.leaf(&a) + s.leaf(&b));
+    assert!(matches!(e, Error::Broadcast { .. }), "{e:?}");
+    assert_names(&e, "add", &["[2, 3]", "[4]"], true);
+}
+
+#[test]
+fn matmul_shape() {
+    let a = t(&[2, 3]);
+    let e = scope_error!(|s| s.leaf(&a).matmul(s.leaf(&a)));
+    assert!(matches!(e, Error::MatMulShape { .. }), "{e:?}");
+    assert_names(&e, "matmul", &["[2, 3] × [2, 3]"], true);
+}
+
+#[test]
+fn bad_axis() {
+    let a = t(&[2, 3]);
+    let e = scope_error!(|s| s.leaf(&a).softmax(5));
+    assert!(matches!(e, Error::BadAxis { axis: 5, .. }), "{e:?}");
+    assert_names(&e, "softmax", &["[2, 3]", "axis 5", "-2..2"], true);
+}
+
+#[test]
+fn invalid_shape() {
+    let a = t(&[2, 3]);
+    let e = scope_error!(|s| s.leaf(&a).reshape(&[4]));
+    assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
+    assert_names(&e, "reshape", &["[2, 3]", "[4]"], true);
+}
+
+#[test]
+fn shape_list() {
+    let (a, b) = (t(&[2, 3]), t(&[3, 3]));
+    let e = scope_error!(|s| s.concat(&[s.leaf(&a), s.leaf(&b)], 1));
+    assert!(matches!(e, Error::ShapeList { axis: 1, .. }), "{e:?}");
+    assert_names(&e, "concat", &["[2, 3], [3, 3]"], true);
+}
+
+#[test]
+fn index_out_of_range() {
+    let a = t(&[2, 3]);
+    let e = scope_error!(|s| s.leaf(&a).index_select(0, &[1, 7]));
+    assert!(matches!(e, Error::IndexOutOfRange { index: 7, len: 2, .. }), "{e:?}");
+    assert_names(&e, "index_select", &["[2, 3]", "index 7"], true);
+    // Class labels are indices too.
+    let e = scope_error!(|s| s.leaf(&a).cross_entropy(&[0, 3]));
+    assert!(matches!(e, Error::IndexOutOfRange { index: 3, len: 3, .. }), "{e:?}");
+    assert_names(&e, "cross_entropy", &["[2, 3]"], true);
+}
+
+#[test]
+fn data_length() {
+    let e = Tensor::<f32>::from_vec(vec![1.0; 5], &[2, 3]).unwrap_err();
+    assert!(matches!(e, Error::DataLength { len: 5, .. }), "{e:?}");
+    assert_names(&e, "from_vec", &["[2, 3]", "5 elements"], true);
+    let e = scope_error!(|s| s.tensor(&[1.0, 2.0], &[3]));
+    assert!(matches!(e, Error::DataLength { len: 2, .. }), "{e:?}");
+    assert_names(&e, "tensor", &["[3]"], true);
+}
+
+#[test]
+fn not_scalar() {
+    let a = t(&[2, 3]);
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| s.backward(s.leaf(&a).exp()).unwrap_err());
+    assert!(matches!(e, Error::NotScalar { .. }), "{e:?}");
+    assert_names(&e, "backward", &["[2, 3]"], true);
+}
+
+#[test]
+fn backward_twice() {
+    let a = t(&[2, 3]);
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let loss = s.leaf(&a).square().sum();
+        s.backward(loss).expect("the first pass succeeds");
+        s.backward(loss).unwrap_err()
+    });
+    assert!(matches!(e, Error::BackwardTwice { .. }), "{e:?}");
+    assert_names(&e, "backward", &["backward_retain"], true);
+}
+
+#[test]
+fn arena_limit() {
+    let mut g = Graph::<f64>::new();
+    g.set_arena_limit(Some(64));
+    let e = g.scope(|s| {
+        let _ = s.full(&[100], 1.0);
+        s.check().unwrap_err()
+    });
+    assert!(matches!(e, Error::ArenaLimit { requested: 800, limit: 64, .. }), "{e:?}");
+    assert_names(&e, "full", &["800 bytes", "limit 64"], true);
+}
+
+#[test]
+fn out_of_memory() {
+    // 2^40 f64s: 8 TiB, a valid shape that no allocator on a test machine grants.
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let _ = s.full(&[1 << 20, 1 << 20], 1.0);
+        s.check().unwrap_err()
+    });
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e:?}");
+    assert_names(&e, "full", &["8796093022208 bytes"], true);
+}
+
+#[test]
+fn tape_full() {
+    // Reaching it takes 2^32 nodes (256 GiB of tape), so only the message is checked.
+    let e = Error::TapeFull { op: "add", len: u32::MAX as usize, location: Location::caller() };
+    assert_names(&e, "add", &["4294967295 nodes"], true);
+}
+
+#[test]
+fn non_finite() {
+    let a = t(&[2, 3]);
+    let mut g = Graph::<f64>::new();
+    g.set_anomaly_detection(true);
+    let e = g.scope(|s| {
+        let _ = s.leaf(&a).log(); // ln of the negative elements is NaN
+        s.check().unwrap_err()
+    });
+    assert!(matches!(e, Error::NonFinite { phase: "forward", .. }), "{e:?}");
+    assert_names(&e, "log", &["[2, 3]", "forward"], true);
+}
+
+#[test]
+fn invalid_argument() {
+    let a = t(&[2, 3]);
+    let e = scope_error!(|s| s.leaf(&a).clamp(1.0, 0.0));
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_names(&e, "clamp", &["[2, 3]", "lo <= hi"], true);
+    let e = scope_error!(|s| s.concat(&[], 0));
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_names(&e, "concat", &["empty list"], true);
+}
+
+#[test]
+fn unknown_param() {
+    let mut store = ParamStore::<f64>::new();
+    let w = store.add("w", t(&[2])).expect("a new name");
+    let mut other = ParamStore::<f64>::new();
+    other.add("v", t(&[3])).expect("a new name");
+    let mut grads = other.zeros_like();
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let loss = s.param(&store, w).square().sum();
+        s.backward_into(loss, &mut grads).unwrap_err()
+    });
+    assert!(matches!(e, Error::UnknownParam { .. }), "{e:?}");
+    assert_names(&e, "backward_into", &["[2]", "[3]"], true);
+}
+
+#[test]
+fn io() {
+    // Io errors come from checkpoint files, not call sites: no location.
+    let e = Error::Io { op: "load", detail: "tensor \"w\" has shape [2] in the file, [3] in the model".into() };
+    assert!(e.location().is_none());
+    assert_names(&e, "load", &["[2]", "[3]"], false);
+}

@@ -1,0 +1,56 @@
+//! Property tests over random programs: the fuzz target's generator and checks
+//! (`tapir::testing::program`), driven by proptest with few enough cases for 2 cores.
+
+use proptest::prelude::*;
+use rand::{RngExt, SeedableRng};
+use tapir::testing::program::{run_program, Program};
+
+/// `len` bytes from a seeded generator: a program is a function of its seed.
+fn bytes_of(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// No panic, the documented error for every invalid step, and gradients that match
+    /// finite differences for smooth programs in `f64`.
+    #[test]
+    fn random_programs_keep_every_promise(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        if let Err(finding) = run_program(&bytes) {
+            prop_assert!(false, "{}", finding);
+        }
+    }
+
+    /// Header byte 0 selects smooth `f64` programs, which are all gradient-checked
+    /// unless too large or non-finite.
+    #[test]
+    fn smooth_programs_match_finite_differences(seed: u64, len in 40usize..200) {
+        let mut bytes = bytes_of(seed, len);
+        bytes[0] &= 0b0000_1110;
+        if let Err(finding) = run_program(&bytes) {
+            prop_assert!(false, "{}", finding);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The same seed and thread count give the same program and bitwise identical
+    /// values, gradients and errors, on every rerun.
+    #[test]
+    fn reruns_are_bitwise_identical(seed: u64, threads in 1usize..=2) {
+        let run = || {
+            let mut program = Program::from_bytes(&bytes_of(seed, 300));
+            program.threads = threads;
+            program.execute().map_err(|f| f.to_string())
+        };
+        let first = run();
+        prop_assert!(first.is_ok(), "{:?}", first);
+        for _ in 0..2 {
+            prop_assert_eq!(&run(), &first);
+        }
+    }
+}

@@ -65,8 +65,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     graph.set_threads(args.threads);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let n = args.size;
-    println!("x = randn({n}, {n}); y = (x @ x).sum(); y.backward()  ×{} iterations, {} threads", args.iters, graph.threads());
-    println!("{:>6} {:>10} {:>10} {:>14} {:>14} {:>7}", "iter", "ms/iter", "RSS MiB", "arena peak MiB", "arena cap MiB", "nodes");
+    println!(
+        "x = randn({n}, {n}); y = (x @ x).sum(); y.backward()  ×{} iterations, {} threads",
+        args.iters,
+        graph.threads()
+    );
+    println!(
+        "{:>6} {:>10} {:>10} {:>14} {:>14} {:>7}",
+        "iter", "ms/iter", "RSS MiB", "arena peak MiB", "arena cap MiB", "nodes"
+    );
     let mut window = Instant::now();
     let (mut first_rss, mut last_rss) = (None, None);
     for i in 1..=args.iters {

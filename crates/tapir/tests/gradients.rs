@@ -39,7 +39,10 @@ fn tensor(dims: &[usize], seed: u64, draw: Draw) -> Tensor<f64> {
     Tensor::from_vec(data, dims).unwrap()
 }
 
-fn dims(rank: std::ops::RangeInclusive<usize>, size: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<usize>> {
+fn dims(
+    rank: std::ops::RangeInclusive<usize>,
+    size: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Vec<usize>> {
     prop::collection::vec(size, rank)
 }
 
@@ -47,7 +50,8 @@ fn dims(rank: std::ops::RangeInclusive<usize>, size: std::ops::RangeInclusive<us
 fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
     (dims(0..=3, 0..=4), any::<u64>()).prop_map(|(a, bits)| {
         let drop = (bits % (a.len() as u64 + 1)) as usize;
-        let b: Vec<usize> = a[drop..].iter().enumerate().map(|(i, &d)| if bits >> (8 + i) & 1 == 1 { 1 } else { d }).collect();
+        let b: Vec<usize> =
+            a[drop..].iter().enumerate().map(|(i, &d)| if bits >> (8 + i) & 1 == 1 { 1 } else { d }).collect();
         if bits >> 20 & 1 == 1 {
             (b, a)
         } else {
@@ -124,7 +128,10 @@ unary_case!(sum_all, Draw::Any, |_, v| v[0].sum());
 unary_case!(square_via_self_mul, Draw::Any, |_, v| v[0] * v[0]);
 
 fn axes_of(rank: usize, bits: u64) -> Vec<isize> {
-    (0..rank).filter(|i| bits >> i & 1 == 1).map(|i| if bits >> (8 + i) & 1 == 1 { i as isize - rank as isize } else { i as isize }).collect()
+    (0..rank)
+        .filter(|i| bits >> i & 1 == 1)
+        .map(|i| if bits >> (8 + i) & 1 == 1 { i as isize - rank as isize } else { i as isize })
+        .collect()
 }
 
 proptest! {
@@ -310,5 +317,6 @@ fn composite_mlp_step() {
     let w1 = tensor(&[3, 5], 12, Draw::Any);
     let b1 = tensor(&[5], 13, Draw::Any);
     let w2 = tensor(&[5, 2], 14, Draw::Any);
-    check(&[x, w1, b1, w2], 15, |_, v| (v[0].matmul(v[1]) + v[2]).gelu().matmul(v[3]).cross_entropy(&[0, 1, 1, 0])).unwrap();
+    check(&[x, w1, b1, w2], 15, |_, v| (v[0].matmul(v[1]) + v[2]).gelu().matmul(v[3]).cross_entropy(&[0, 1, 1, 0]))
+        .unwrap();
 }

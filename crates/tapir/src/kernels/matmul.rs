@@ -76,7 +76,7 @@ impl MatMulDims {
         }
         let sa = self.a_batch.broadcast_strides(&self.batch);
         let sb = self.b_batch.broadcast_strides(&self.batch);
-        super::for_each2(&self.batch, &sa, &sb, |o, ia, ib| f(o, ia, ib));
+        super::for_each2(&self.batch, &sa, &sb, f);
     }
 }
 

@@ -299,11 +299,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 }
                 total += s.dim(ax);
             }
-            let so = r.shape_of(s0, &{
-                let mut d = s0.to_array();
-                d[ax] = total;
-                d
-            }[..s0.rank()])?;
+            let so = r.shape_of(
+                s0,
+                &{
+                    let mut d = s0.to_array();
+                    d[ax] = total;
+                    d
+                }[..s0.rank()],
+            )?;
             let count = u32::try_from(n).map_err(|_| r.invalid(format!("{n} inputs exceed the u32 limit")))?;
             let at = r.extra((0..n).map(|k| id(k).raw()))?;
             let out = r.alloc(so.numel())?;

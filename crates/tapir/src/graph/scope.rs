@@ -134,6 +134,31 @@ impl<T: Float> Graph<T> {
     /// });
     /// ```
     ///
+    /// Each `compile_fail` block above and below has a twin that compiles once the
+    /// offending line is gone, so the blocks fail for the reason they show:
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut g = tapir::Graph::<f32>::new();
+    /// let value = g.scope(|s| s.scalar(1.0).item())?; // a plain f32 may leave
+    /// let (mut g1, mut g2) = (tapir::Graph::<f32>::new(), tapir::Graph::<f32>::new());
+    /// g1.scope(|a| {
+    ///     let x = a.scalar(1.0);
+    ///     g2.scope(|b| {
+    ///         let y = b.scalar(2.0);
+    ///         let _ = (x + x, y + y); // each scope's handles among themselves
+    ///     });
+    /// });
+    /// let mut store = tapir::ParamStore::<f32>::new();
+    /// let w = store.add("w", tapir::Tensor::ones(&[2])?)?;
+    /// g.scope(|s| {
+    ///     let _ = s.param(&store, w).sum();
+    /// });
+    /// store.get_mut(w).unwrap().data_mut()[0] = 5.0; // after the scope: fine
+    /// # assert_eq!(value, 1.0);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// and parameters cannot change while a scope reads them:
     ///
     /// ```compile_fail

@@ -44,7 +44,7 @@ pub mod testing;
 
 pub use dtype::Float;
 pub use error::{Error, Loc, Result};
-pub use graph::{Graph, GraphStats, NodeId, Scope, Var};
+pub use graph::{Graph, GraphStats, MemoryReport, NodeId, OpMemory, Scope, Var};
 pub use params::{GradBuffer, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;

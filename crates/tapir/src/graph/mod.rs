@@ -2,8 +2,10 @@
 
 pub(crate) mod backward;
 mod id;
+mod report;
 pub(crate) mod scope;
 pub(crate) mod tape;
 
 pub use id::NodeId;
+pub use report::{MemoryReport, OpMemory};
 pub use scope::{Graph, GraphStats, Scope, Var};

@@ -71,6 +71,17 @@ pub(crate) fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, f: impl FnMu
     for_each2(out, &a.broadcast_strides(out), &b.broadcast_strides(out), f);
 }
 
+/// If `small` broadcast to `out` is `small` repeated end to end (its shape, without
+/// leading 1s, is a suffix of `out`'s), the length of one repetition: a bias row added to
+/// a batch, for example. Such broadcasts get a chunked loop instead of index arithmetic.
+fn tile_len(small: &Shape, out: &Shape) -> Option<usize> {
+    let dims = small.dims();
+    let tail = &dims[dims.iter().position(|&d| d != 1).unwrap_or(dims.len())..];
+    let od = out.dims();
+    let n = small.numel();
+    (n > 0 && tail.len() <= od.len() && od[od.len() - tail.len()..] == *tail).then_some(n)
+}
+
 /// `out[i] = f(a[ia], b[ib])` with broadcasting; `out` has shape `so`.
 #[inline]
 pub(crate) fn binary<T: Float>(
@@ -83,10 +94,17 @@ pub(crate) fn binary<T: Float>(
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = f(x, y);
         }
-    } else if sa == so && b.len() == 1 {
-        let y = b[0];
-        for (o, &x) in out.iter_mut().zip(a) {
-            *o = f(x, y);
+    } else if let (true, Some(n)) = (sa == so, tile_len(sb, so)) {
+        for (oc, ac) in out.chunks_exact_mut(n).zip(a.chunks_exact(n)) {
+            for ((o, &x), &y) in oc.iter_mut().zip(ac).zip(b) {
+                *o = f(x, y);
+            }
+        }
+    } else if let (true, Some(n)) = (sb == so, tile_len(sa, so)) {
+        for (oc, bc) in out.chunks_exact_mut(n).zip(b.chunks_exact(n)) {
+            for ((o, &x), &y) in oc.iter_mut().zip(a).zip(bc) {
+                *o = f(x, y);
+            }
         }
     } else {
         for_each_broadcast(so, sa, sb, |i, ia, ib| out[i] = f(a[ia], b[ib]));
@@ -106,6 +124,20 @@ pub(crate) fn binary_grad<T: Float>(
     if sa == so && sb == so {
         for (((d, &go), &x), &y) in da.iter_mut().zip(dout).zip(a).zip(b) {
             *d += g(go, x, y);
+        }
+    } else if let (true, Some(n)) = (sa == so, tile_len(sb, so)) {
+        // `a` is full size, `b` repeats every `n` elements.
+        for ((dc, gc), ac) in da.chunks_exact_mut(n).zip(dout.chunks_exact(n)).zip(a.chunks_exact(n)) {
+            for (((d, &go), &x), &y) in dc.iter_mut().zip(gc).zip(ac).zip(b) {
+                *d += g(go, x, y);
+            }
+        }
+    } else if let (true, Some(n)) = (sb == so, tile_len(sa, so)) {
+        // `a` repeats every `n` elements: its gradient sums over the repetitions.
+        for (gc, bc) in dout.chunks_exact(n).zip(b.chunks_exact(n)) {
+            for (((d, &go), &x), &y) in da.iter_mut().zip(gc).zip(a).zip(bc) {
+                *d += g(go, x, y);
+            }
         }
     } else {
         for_each_broadcast(so, sa, sb, |i, ia, ib| da[ia] += g(dout[i], a[ia], b[ib]));
@@ -328,6 +360,32 @@ mod tests {
         let mut out = [0.0; 6];
         binary((&a, &shape(&[2, 1])), (&b, &shape(&[3])), (&mut out, &shape(&[2, 3])), |x, y| x + y);
         assert_eq!(out, [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
+    }
+
+    #[test]
+    fn tiled_broadcasts_match_the_general_path() {
+        // Bias-style broadcasts take the chunked path; compare with index arithmetic.
+        for (sa, sb) in
+            [(vec![3, 4], vec![4]), (vec![3, 4], vec![1, 4]), (vec![2, 3, 4], vec![3, 4]), (vec![4], vec![3, 4])]
+        {
+            let (sa, sb) = (shape(&sa), shape(&sb));
+            let so = sa.broadcast(&sb).unwrap();
+            let a: Vec<f64> = (0..sa.numel()).map(|i| i as f64 * 0.5 - 1.0).collect();
+            let b: Vec<f64> = (0..sb.numel()).map(|i| 2.0 - i as f64).collect();
+            let dout: Vec<f64> = (0..so.numel()).map(|i| (i % 5) as f64).collect();
+            let mut fast = vec![0.0; so.numel()];
+            binary((&a, &sa), (&b, &sb), (&mut fast, &so), |x, y| x * y + 1.0);
+            let mut slow = vec![0.0; so.numel()];
+            for_each_broadcast(&so, &sa, &sb, |i, ia, ib| slow[i] = a[ia] * b[ib] + 1.0);
+            assert_eq!(fast, slow);
+            for (x, sx, y, sy) in [(&a, &sa, &b, &sb), (&b, &sb, &a, &sa)] {
+                let mut fast = vec![0.0; sx.numel()];
+                binary_grad((&dout, &so), (x, sx), (y, sy), &mut fast, |d, u, v| d * v + u);
+                let mut slow = vec![0.0; sx.numel()];
+                for_each_broadcast(&so, sx, sy, |i, ix, iy| slow[ix] += dout[i] * y[iy] + x[ix]);
+                assert_eq!(fast, slow);
+            }
+        }
     }
 
     #[test]

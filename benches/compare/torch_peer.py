@@ -1,0 +1,159 @@
+"""PyTorch side of `just compare`: the same child protocol as `tapir-compare child`.
+
+Usage: python3 torch_peer.py WORKLOAD THREADS W5_STEPS
+Prints `INFO threads N`, `INFO version V` and one `RESULT metric value` line per figure.
+"""
+
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+CHAIN_OPS = 10_000
+DIMS = [784, 1024, 1024, 10]
+BATCH = 256
+LR = 0.01
+
+
+def emit(metric, value):
+    print(f"RESULT {metric} {value}", flush=True)
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def w1():
+    x = torch.randn(1024, 1024, requires_grad=True)
+    times, rss10 = [], float("nan")
+    for i in range(1, 21):
+        t = time.perf_counter()
+        x.grad = None
+        y = (x @ x).sum()
+        y.backward()
+        float(x.grad[0, 0])
+        if i > 3:
+            times.append((time.perf_counter() - t) * 1e3)
+        if i == 10:
+            rss10 = rss_mib()
+    emit("w1_ms", statistics.median(times))
+    emit("w1_peak_mib", peak_mib())
+    emit("w1_growth_mib", rss_mib() - rss10)
+
+
+class Mlp:
+    def __init__(self):
+        self.params = []
+        for a, b in zip(DIMS, DIMS[1:]):
+            w = (torch.randn(a, b) * (2.0 / a) ** 0.5).requires_grad_()
+            self.params += [w, torch.zeros(b, requires_grad=True)]
+        self.x = torch.randn(BATCH, DIMS[0])
+        self.labels = torch.arange(BATCH) % DIMS[3]
+
+    def step(self):
+        h = self.x
+        for i in range(0, len(self.params), 2):
+            h = h @ self.params[i] + self.params[i + 1]
+            if i + 2 < len(self.params):
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h, self.labels)
+        loss.backward()
+        with torch.no_grad():
+            for p in self.params:
+                p -= LR * p.grad
+                p.grad = None
+        return float(loss)
+
+
+def w2():
+    m, times = Mlp(), []
+    for i in range(1, 16):
+        t = time.perf_counter()
+        m.step()
+        if i > 3:
+            times.append((time.perf_counter() - t) * 1e3)
+    emit("w2_ms", statistics.median(times))
+    emit("w2_peak_mib", peak_mib())
+
+
+def w5(steps):
+    m, at = Mlp(), []
+    for step in range(1, steps + 1):
+        m.step()
+        if step in (100, 1000, steps):
+            at.append((step, rss_mib()))
+    for step, rss in at:
+        emit(f"w5_rss_{step}_mib", rss)
+    emit("w5_growth_mib", at[-1][1] - at[0][1])
+
+
+def chain(x, ops, op):
+    y = x
+    for i in range(ops):
+        if op == "tanh":
+            y = torch.tanh(y)
+        elif i % 2 == 0:
+            y = y * 0.999
+        else:
+            y = y + 0.001
+    return y.sum()
+
+
+def w3():
+    for numel in (1, 1024):
+        for op in ("tanh", "affine"):
+            rec, bwd = [], []
+            for i in range(7):
+                x = torch.ones(numel, requires_grad=True)
+                t0 = time.perf_counter()
+                y = chain(x, CHAIN_OPS, op)
+                t1 = time.perf_counter()
+                y.backward()
+                t2 = time.perf_counter()
+                if i > 1:
+                    rec.append((t1 - t0) * 1e9 / CHAIN_OPS)
+                    bwd.append((t2 - t1) * 1e9 / CHAIN_OPS)
+                del x, y
+            emit(f"w3_{op}_{numel}_record_ns", statistics.median(rec))
+            emit(f"w3_{op}_{numel}_backward_ns", statistics.median(bwd))
+
+
+def w4():
+    for nodes in (1_000, 10_000, 100_000, 1_000_000):
+        down, total = [], []
+        for _ in range(3 if nodes >= 1_000_000 else 5):
+            x = torch.ones(1, requires_grad=True)
+            t0 = time.perf_counter()
+            y = chain(x, nodes - 2, "affine")
+            y.backward()
+            t1 = time.perf_counter()
+            del y
+            x.grad = None
+            t2 = time.perf_counter()
+            down.append((t2 - t1) * 1e6)
+            total.append((t2 - t0) * 1e3)
+        emit(f"w4_{nodes}_teardown_us", statistics.median(down))
+        emit(f"w4_{nodes}_total_ms", statistics.median(total))
+
+
+def main():
+    workload, threads, w5_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(threads)
+    sys.setrecursionlimit(10_000)
+    print(f"INFO threads {torch.get_num_threads()}", flush=True)
+    print(f"INFO version {torch.__version__}", flush=True)
+    {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": lambda: w5(w5_steps), "W6": lambda: None}[workload]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+//! W3 under a profiler: `REPS` chains of 10,000 ops on a shape-[1] leaf, with or without
+//! backward, so that instruction counts per op come out exact:
+//!
+//! ```sh
+//! cargo build --release -p benches --example w3_profile
+//! valgrind --tool=callgrind target/release/examples/w3_profile affine record 100
+//! valgrind --tool=callgrind target/release/examples/w3_profile affine backward 100
+//! ```
+//!
+//! The difference between the two totals, divided by `REPS × 10,000`, is backward's cost
+//! per op; the first total alone is recording's (plus a small fixed setup).
+
+use std::time::Duration;
+
+use benches::{chain, chain_step, graph, ChainOp, CHAIN_OPS};
+use tapir::Tensor;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let op = match args.first().map(String::as_str) {
+        Some("tanh") => ChainOp::Tanh,
+        _ => ChainOp::Affine,
+    };
+    let backward = args.get(1).map(String::as_str) != Some("record");
+    let reps: usize = args.get(2).and_then(|r| r.parse().ok()).unwrap_or(100);
+    let x = Tensor::<f32>::full(&[1], 0.5).expect("a valid shape");
+    let mut g = graph(1);
+    let (mut rec, mut bwd) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..reps {
+        if backward {
+            let t = chain_step(&mut g, &x, CHAIN_OPS, op);
+            rec += t.record;
+            bwd += t.backward;
+        } else {
+            let t0 = std::time::Instant::now();
+            g.scope(|s| std::hint::black_box(chain(s.leaf(&x), CHAIN_OPS, op).id()));
+            rec += t0.elapsed();
+        }
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e9 / (reps * CHAIN_OPS) as f64;
+    println!("{}: record {:.1} ns/op, backward {:.1} ns/op", op.name(), per(rec), per(bwd));
+}

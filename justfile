@@ -26,6 +26,10 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
+# W1-W6 on Tapir, faer direct, candle, burn and PyTorch (if importable), one table (~15 min). ARGS: --help.
+compare *ARGS:
+    cd benches/compare && cargo run --release -- {{ARGS}}
+
 # Fuzz TARGET for SECONDS (nightly and cargo-fuzz: `cargo install --locked cargo-fuzz`).
 fuzz TARGET="tape_program" SECONDS="60":
     cd fuzz && cargo +nightly fuzz run {{TARGET}} -- -max_total_time={{SECONDS}}

@@ -72,7 +72,7 @@ impl<T: Float> Adam<T> {
         check_lr(op, self.lr)?;
         check_shapes(op, store, grads, Some(&self.m))?;
         let (b1, b2) = self.betas;
-        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) || !(self.eps >= 0.0) {
+        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) || self.eps.is_nan() || self.eps < 0.0 {
             return Err(crate::invalid(op, format!("betas ({b1}, {b2}) must be in [0, 1) and eps {} ≥ 0", self.eps)));
         }
         self.t += 1;

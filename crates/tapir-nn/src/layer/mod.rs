@@ -1,4 +1,4 @@
-//! Layers: plain structs of [`ParamId`](tapir::ParamId)s and hyper-parameters. Their
+//! Layers: plain structs of [`ParamId`]s and hyper-parameters. Their
 //! tensors live in a [`ParamStore`] (made by the constructors, named `"{name}.weight"`,
 //! `"{name}.bias"`, ...), so a layer is cheap to copy around and never borrows the store;
 //! each scope reads the parameters through a [`Ctx`].

@@ -40,9 +40,10 @@ impl Conv2d {
         rng: &mut R,
     ) -> tapir::Result<Conv2d> {
         let [kh, kw] = kernel;
-        let area = kh * kw;
-        let w =
-            Init::RELU.tensor(&[out_channels, in_channels, kh, kw], in_channels * area, out_channels * area, rng)?;
+        // Saturating: absurd sizes fail as shapes in `tensor` rather than overflow here.
+        let area = kh.saturating_mul(kw);
+        let (fan_in, fan_out) = (in_channels.saturating_mul(area), out_channels.saturating_mul(area));
+        let w = Init::RELU.tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng)?;
         let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
         if store.find(&bn).is_some() {
             return Err(crate::invalid("Conv2d::new", format!("a parameter named {bn:?} already exists")));
@@ -184,6 +185,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn absurd_sizes_are_errors() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let mut store = ParamStore::<f32>::new();
+        let big = 1usize << 40;
+        assert!(Conv2d::new(&mut store, "c", big, big, [big, big], &mut rng).is_err());
+        assert!(Conv2d::new(&mut store, "c", 0, 4, [3, 3], &mut rng).is_err());
+        assert!(store.is_empty());
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn matmul_vs_faer(c: &mut Criterion) {
     let t = threads();
     let mut g = graph(t);
     let mut group = c.benchmark_group(format!("matmul_t{t}"));
+    group.sample_size(10);
     for n in [64usize, 256, 1024] {
         let (a, b) = (normal(&[n, n], 1), normal(&[n, n], 2));
         group.throughput(Throughput::Elements((2 * n * n * n) as u64));

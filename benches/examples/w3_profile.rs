@@ -1,5 +1,5 @@
-//! W3 under a profiler: `REPS` chains of 10,000 ops on a shape-[1] leaf, with or without
-//! backward, so that instruction counts per op come out exact:
+//! W3 under a profiler: `REPS` chains of 10,000 ops on a leaf of `NUMEL` elements (default 1),
+//! with or without backward, so that instruction counts per op come out exact:
 //!
 //! ```sh
 //! cargo build --release -p benches --example w3_profile
@@ -23,7 +23,8 @@ fn main() {
     };
     let backward = args.get(1).map(String::as_str) != Some("record");
     let reps: usize = args.get(2).and_then(|r| r.parse().ok()).unwrap_or(100);
-    let x = Tensor::<f32>::full(&[1], 0.5).expect("a valid shape");
+    let numel: usize = args.get(3).and_then(|r| r.parse().ok()).unwrap_or(1);
+    let x = Tensor::<f32>::full(&[numel], 0.5).expect("a valid shape");
     let mut g = graph(1);
     let (mut rec, mut bwd) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..reps {
@@ -40,5 +41,5 @@ fn main() {
         }
     }
     let per = |d: Duration| d.as_secs_f64() * 1e9 / (reps * CHAIN_OPS) as f64;
-    println!("{}: record {:.1} ns/op, backward {:.1} ns/op", op.name(), per(rec), per(bwd));
+    println!("{} on {numel}: record {:.1} ns/op, backward {:.1} ns/op", op.name(), per(rec), per(bwd));
 }

@@ -5,6 +5,9 @@ use tapir::{Graph, Scope, Tensor, Var};
 
 const EPS: f64 = 1e-12;
 
+/// An op under test, applied to one handle.
+type UnaryCase = for<'s> fn(Var<'s, f64>) -> Var<'s, f64>;
+
 /// Runs `f` on leaves made from `inputs`, backpropagates `L = Σ out`, and returns the
 /// output's values and each input's gradient.
 fn run<F>(inputs: &[(&[f64], &[usize])], f: F) -> (Vec<f64>, Vec<Vec<f64>>)
@@ -76,7 +79,7 @@ fn unary_ops_at_one_point() {
     let pdf = (-x * x / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt();
     let k = (2.0 / std::f64::consts::PI).sqrt();
     let u = k * (x + 0.044715 * x.powi(3));
-    let cases: Vec<(&str, fn(Var<'_, f64>) -> Var<'_, f64>, f64, f64)> = vec![
+    let cases: Vec<(&str, UnaryCase, f64, f64)> = vec![
         ("neg", |v| -v, -x, -1.0),
         ("exp", |v| v.exp(), x.exp(), x.exp()),
         ("log", |v| v.log(), x.ln(), 1.0 / x),

@@ -182,8 +182,9 @@ impl<'s, T: Float> Var<'s, T> {
         self.core.record("im2col", |r| {
             let sx = r.shape(self.id);
             let (win, at) = record_window(r, sx, kernel, stride, padding, false)?;
-            let k = win.c * win.kh * win.kw;
-            let so = r.shape_of(sx, &[win.n, k, win.oh * win.ow])?;
+            // Saturating: an overflowing product is rejected by `shape_of`, not a panic.
+            let k = win.c.saturating_mul(win.kh).saturating_mul(win.kw);
+            let so = r.shape_of(sx, &[win.n, k, win.oh.saturating_mul(win.ow)])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
             win.for_each_col(|o, i| out[o] = x[i]);
@@ -256,7 +257,8 @@ impl<'s, T: Float> Var<'s, T> {
         }
         let (o, c, kh, kw) = (sw.dim(0), sw.dim(1), sw.dim(2), sw.dim(3));
         let cols = self.im2col([kh, kw], stride, padding);
-        let out = w.reshape(&[o, c * kh * kw]).matmul(cols);
+        // Saturating: with huge zero-size weights the product overflows; reshape then fails.
+        let out = w.reshape(&[o, c.saturating_mul(kh).saturating_mul(kw)]).matmul(cols);
         match Window::new(sx, [kh, kw, stride[0], stride[1], padding[0], padding[1]]) {
             Some(win) => out.reshape(&[win.n, o, win.oh, win.ow]),
             // im2col has recorded the error already; this handle is poisoned.

@@ -30,13 +30,23 @@ bench-compare BASE="main":
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}
 
-# Fuzz TARGET for SECONDS (nightly and cargo-fuzz: `cargo install --locked cargo-fuzz`).
+# Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
+# Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.
 fuzz TARGET="tape_program" SECONDS="60":
-    cd fuzz && cargo +nightly fuzz run {{TARGET}} -- -max_total_time={{SECONDS}}
+    mkdir -p target/fuzz-corpus/{{TARGET}}
+    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1
 
-# The tests under AddressSanitizer (nightly; std itself is not instrumented).
+# Valgrind on the demo and the 10,000-step memory test: no definitely/indirectly lost byte, no bad access.
+leakcheck:
+    cargo build --release --example demo
+    {{valgrind}} target/release/examples/demo --iters 5
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="{{valgrind}}" cargo test --release -p tapir --test memory
+
+valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect"
+
+# The tests under AddressSanitizer and LeakSanitizer (nightly; std itself is not instrumented).
 asan:
-    RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir --lib --tests --target x86_64-unknown-linux-gnu
+    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir --lib --tests --target x86_64-unknown-linux-gnu
 
 # Everything CI and a reviewer would run.
 ci: lint test

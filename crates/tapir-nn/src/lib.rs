@@ -52,6 +52,7 @@ pub mod init;
 pub mod io;
 pub mod layer;
 pub mod optim;
+pub mod testing;
 
 pub use init::Init;
 pub use layer::{

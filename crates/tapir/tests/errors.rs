@@ -81,6 +81,17 @@ fn invalid_shape() {
 }
 
 #[test]
+fn invalid_shape_instead_of_overflow() {
+    // Regression (found by the tape_program fuzz target's generator): im2col computed
+    // `oh · ow` with a plain multiplication, which overflowed (a panic in debug builds)
+    // for paddings near 2^31; now the output shape is rejected.
+    let a = t(&[1, 1, 1, 1]);
+    let e = scope_error!(|s| s.leaf(&a).im2col([1, 1], [1, 1], [1 << 31, 1 << 31]));
+    assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
+    assert_names(&e, "im2col", &["[1, 1, 1, 1]", "overflow"], true);
+}
+
+#[test]
 fn shape_list() {
     let (a, b) = (t(&[2, 3]), t(&[3, 3]));
     let e = scope_error!(|s| s.concat(&[s.leaf(&a), s.leaf(&b)], 1));

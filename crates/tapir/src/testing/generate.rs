@@ -4,7 +4,7 @@
 
 use crate::testing::model::{self, Outcome};
 use crate::testing::program::{
-    BinOp, CmpOp, Dtype, Ending, Leaf, Program, ReduceOp, ScalarOp, Step, UnaryOp, MAX_STEPS,
+    BinOp, CmpOp, Dtype, Ending, Leaf, Program, ReduceOp, ScalarOp, Step, UnaryOp, WindowOp, MAX_STEPS,
 };
 use crate::testing::unstructured::Unstructured;
 
@@ -27,7 +27,8 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
         1 => Ending::RetainThenOnce,
         _ => Ending::Once,
     };
-    let mut g = Gen { u, shapes: vec![], steps: vec![], leaves: 0, poisoned: false, smooth, specials };
+    let f32 = dtype == Dtype::F32;
+    let mut g = Gen { u, shapes: vec![], steps: vec![], leaves: 0, poisoned: false, smooth, specials, f32 };
     let mut leaves = vec![];
     for _ in 0..g.u.range(1, 3) {
         let dims = g.small_dims();
@@ -77,6 +78,9 @@ struct Gen<'a> {
     smooth: bool,
     /// Leaves and constants may hold NaN, infinities, huge values and signed zeros.
     specials: bool,
+    /// Values are rounded to `f32` when drawn, so that the model, which compares them in
+    /// `f64`, sees what an `f32` graph sees (`clamp(1e-310, -0.0)` is valid in `f32`).
+    f32: bool,
 }
 
 /// Dimensions that no shape accepts, and that never reach an allocator.
@@ -127,10 +131,16 @@ impl Gen<'_> {
 
     fn value(&mut self) -> f64 {
         let b = self.u.byte();
-        if self.specials && b >= 0xF8 {
-            return [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 1e-310][usize::from(b & 7)];
+        let v = if self.specials && b >= 0xF8 {
+            [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 1e-310][usize::from(b & 7)]
+        } else {
+            (f64::from(b) - 127.5) / 48.0
+        };
+        if self.f32 {
+            f64::from(v as f32)
+        } else {
+            v
         }
-        (f64::from(b) - 127.5) / 48.0
     }
 
     fn data(&mut self, n: usize) -> Vec<f64> {
@@ -152,6 +162,8 @@ impl Gen<'_> {
     }
 
     fn constant(&mut self, dims: Vec<usize>) -> usize {
+        // A partner for a huge value (an im2col with a huge padding) would be huge too.
+        let dims = if dims.iter().product::<usize>() > 1 << 12 { vec![] } else { dims };
         let data = self.data(dims.iter().product());
         self.push(Step::Const { dims, data })
     }
@@ -198,8 +210,9 @@ impl Gen<'_> {
 
     /// Generates one step (and any constants it needs).
     fn step(&mut self) {
-        const KINDS: usize = 30;
-        const SMOOTH: [usize; 22] = [0, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 24];
+        const KINDS: usize = 32;
+        const SMOOTH: [usize; 24] =
+            [0, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 24, 30, 31];
         let kind = if self.smooth { SMOOTH[self.u.below(SMOOTH.len())] } else { self.u.below(KINDS) };
         let step = match kind {
             0 => {
@@ -476,12 +489,69 @@ impl Gen<'_> {
                 let data = self.data(n);
                 Step::Const { dims, data }
             }
-            _ => {
+            29 => {
                 let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
                 Step::Full { dims, v: self.value() }
             }
+            30 => self.conv2d(),
+            _ => self.window(),
         };
         self.push(step);
+    }
+
+    /// A 4-D operand `[N, C, H, W]` (made as a constant if none exists or now and then).
+    fn image(&mut self) -> usize {
+        match self.pick_where(|s| s.len() == 4 && s[2] > 0 && s[3] > 0) {
+            Some(x) if self.u.chance(1, 2) => x,
+            _ => {
+                let dims = vec![self.u.range(1, 2), self.u.range(1, 3), self.u.range(1, 5), self.u.range(1, 5)];
+                self.constant(dims)
+            }
+        }
+    }
+
+    /// Kernel, stride and padding: fitting `[h, w]` if `valid`, else small and often
+    /// wrong, now and then huge.
+    fn window_args(&mut self, hw: [usize; 2], valid: bool, pool: bool) -> [[usize; 2]; 3] {
+        if !valid {
+            let mut arg = || if self.u.chance(1, 8) { (1 << 31) + self.u.below(2) } else { self.u.below(4) };
+            return [[arg(), arg()], [arg(), arg()], [arg(), arg()]];
+        }
+        let mut out = [[1; 2]; 3];
+        for d in 0..2 {
+            let k = self.u.range(1, hw[d].clamp(1, 3));
+            let p = self.u.below(if pool { k / 2 + 1 } else { 2 });
+            out[0][d] = k;
+            out[1][d] = self.u.range(1, 2);
+            out[2][d] = p;
+        }
+        out
+    }
+
+    fn window(&mut self) -> Step {
+        let op =
+            [WindowOp::AvgPool2d, WindowOp::Im2Col, WindowOp::MaxPool2d][self.u.below(if self.smooth { 2 } else { 3 })];
+        let valid = self.valid();
+        let x = if valid || self.u.chance(1, 2) { self.image() } else { self.pick() };
+        let sx = self.shape(x).to_vec();
+        let hw = if sx.len() == 4 { [sx[2], sx[3]] } else { [1, 1] };
+        let [kernel, stride, padding] = self.window_args(hw, valid, op != WindowOp::Im2Col);
+        Step::Window { op, x, kernel, stride, padding }
+    }
+
+    fn conv2d(&mut self) -> Step {
+        let valid = self.valid();
+        let x = if valid { self.image() } else { self.pick() };
+        let sx = self.shape(x).to_vec();
+        let hw = if sx.len() == 4 { [sx[2], sx[3]] } else { [1, 1] };
+        let [kernel, stride, padding] = self.window_args(hw, valid, false);
+        let w = if valid && sx.len() == 4 {
+            let dims = vec![self.u.range(1, 3), sx[1], kernel[0], kernel[1]];
+            self.constant(dims)
+        } else {
+            self.pick()
+        };
+        Step::Conv2d { x, w, stride, padding }
     }
 
     fn matmul(&mut self) -> Step {

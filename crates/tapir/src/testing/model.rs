@@ -8,7 +8,7 @@
 
 use crate::error::Error;
 use crate::shape::MAX_RANK;
-use crate::testing::program::{ReduceOp, Step};
+use crate::testing::program::{ReduceOp, Step, WindowOp};
 
 /// What a step must do, given its operands' shapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +137,37 @@ fn labels(op: &'static str, x: &[usize], labels: &[usize]) -> Outcome {
         return err("IndexOutOfRange", op);
     }
     Outcome::Ok(vec![])
+}
+
+/// `(oh, ow)` of a window over `x` (4-D), or the error `op` records.
+fn window(
+    op: &'static str,
+    x: &[usize],
+    k: [usize; 2],
+    st: [usize; 2],
+    p: [usize; 2],
+    pool: bool,
+) -> Result<(usize, usize), Outcome> {
+    if x.len() != 4 {
+        return Err(err("InvalidShape", op));
+    }
+    if k.contains(&0) || st.contains(&0) || (pool && (p[0] > k[0] / 2 || p[1] > k[1] / 2)) {
+        return Err(err("InvalidArgument", op));
+    }
+    let fits = |len: usize, k: usize, p: usize| len.checked_add(p.checked_mul(2)?)?.checked_sub(k);
+    let small = k.iter().chain(&st).chain(&p).all(|&v| u32::try_from(v).is_ok());
+    match (fits(x[2], k[0], p[0]), fits(x[3], k[1], p[1])) {
+        (Some(h), Some(w)) if small => Ok((h / st[0] + 1, w / st[1] + 1)),
+        _ => Err(err("InvalidShape", op)),
+    }
+}
+
+/// `dims` if they make a valid shape, else `InvalidShape` for `op`.
+fn checked(op: &'static str, dims: Option<Vec<usize>>) -> Outcome {
+    match dims {
+        Some(d) if valid_dims(&d) => Outcome::Ok(d),
+        _ => err("InvalidShape", op),
+    }
 }
 
 /// The outcome of `step` when value `i` has shape `shapes[i]` and the scope holds no error.
@@ -306,6 +337,38 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                 Outcome::Ok(dims.clone())
             } else {
                 err("InvalidShape", "full")
+            }
+        }
+        Step::Window { op, x, kernel, stride, padding } => {
+            let x = s(*x);
+            let pool = *op != WindowOp::Im2Col;
+            let (oh, ow) = match window(op.name(), x, *kernel, *stride, *padding, pool) {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            let dims = if pool {
+                Some(vec![x[0], x[1], oh, ow])
+            } else {
+                let k = x[1].checked_mul(kernel[0]).and_then(|k| k.checked_mul(kernel[1]));
+                k.zip(oh.checked_mul(ow)).map(|(k, l)| vec![x[0], k, l])
+            };
+            checked(op.name(), dims)
+        }
+        Step::Conv2d { x, w, stride, padding } => {
+            let (x, w) = (s(*x), s(*w));
+            if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
+                return err("InvalidShape", "conv2d");
+            }
+            let (oh, ow) = match window("im2col", x, [w[2], w[3]], *stride, *padding, false) {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            match checked(
+                "im2col",
+                oh.checked_mul(ow).map(|l| vec![x[0], w[1].saturating_mul(w[2]).saturating_mul(w[3]), l]),
+            ) {
+                Outcome::Ok(_) => Outcome::Ok(vec![x[0], w[0], oh, ow]),
+                e => e,
             }
         }
     }

@@ -13,8 +13,9 @@
 //! - nothing panics (the fuzzer reports a panic as a crash);
 //! - after each step, the scope holds exactly the error the reference model in
 //!   `model.rs` predicts: same variant, same op name, located in this file (the caller),
-//!   or no error and a value of the predicted shape; an arena limit may cut in earlier
-//!   with [`Error::ArenaLimit`]; once the scope holds an error it keeps that error;
+//!   or no error and a value of the predicted shape; the arena limit (the program's, or
+//!   [`SAFETY_LIMIT`]) may cut in earlier with an [`Error::ArenaLimit`] it explains;
+//!   once the scope holds an error it keeps that error;
 //! - backward returns the scope's error, [`Error::NotScalar`] for a loss of another size,
 //!   and [`Error::BackwardTwice`] for a second consuming pass; `backward_retain` leaves
 //!   the tape usable and gives the same gradients as the pass after it;
@@ -35,6 +36,11 @@ use crate::Float;
 
 /// Most steps a program may have, so that one fuzz input stays fast.
 pub const MAX_STEPS: usize = 24;
+
+/// The arena limit of programs that set none: valid arguments can ask for huge tensors
+/// (an `im2col` with a padding of 2^31), which must end in [`Error::ArenaLimit`] rather
+/// than in the fuzzer's out-of-memory abort.
+pub const SAFETY_LIMIT: usize = 64 << 20;
 
 /// Element type of a program's graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +316,41 @@ pub enum Step {
         dims: Vec<usize>,
         v: f64,
     },
+    /// `x.conv2d(w, stride, padding)`.
+    Conv2d {
+        x: usize,
+        w: usize,
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
+    /// `im2col`, `max_pool2d` or `avg_pool2d` of `x`.
+    Window {
+        op: WindowOp,
+        x: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
+}
+
+/// The sliding-window ops besides `conv2d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum WindowOp {
+    Im2Col,
+    MaxPool2d,
+    AvgPool2d,
+}
+
+impl WindowOp {
+    /// The op name errors carry.
+    pub fn name(self) -> &'static str {
+        match self {
+            WindowOp::Im2Col => "im2col",
+            WindowOp::MaxPool2d => "max_pool2d",
+            WindowOp::AvgPool2d => "avg_pool2d",
+        }
+    }
 }
 
 impl Step {
@@ -342,7 +383,9 @@ impl Step {
             | Step::Bce { .. }
             | Step::Mse { .. }
             | Step::Const { .. }
-            | Step::Full { .. } => true,
+            | Step::Full { .. }
+            | Step::Conv2d { .. } => true,
+            Step::Window { op, .. } => *op != WindowOp::MaxPool2d,
             Step::Compare { .. }
             | Step::Clamp { .. }
             | Step::Where { .. }
@@ -450,6 +493,21 @@ impl Program {
         generate::program(bytes)
     }
 
+    /// The arena limit a run uses: the program's, or [`SAFETY_LIMIT`].
+    pub fn limit(&self) -> usize {
+        self.arena_limit.unwrap_or(SAFETY_LIMIT)
+    }
+
+    /// Whether `e` is an arena-limit error that this run's limit explains.
+    fn honest_limit(&self, e: &Error) -> bool {
+        match *e {
+            Error::ArenaLimit { requested, in_use, limit, .. } => {
+                limit == self.limit() && requested.saturating_add(in_use) > limit
+            }
+            _ => false,
+        }
+    }
+
     fn finding(&self, what: String) -> Finding {
         Finding { what, program: format!("{self:?}") }
     }
@@ -492,7 +550,7 @@ impl Program {
         let expected = self.expected();
         let mut graph = Graph::<T>::new();
         graph.set_threads(self.threads);
-        graph.set_arena_limit(self.arena_limit);
+        graph.set_arena_limit(Some(self.limit()));
         graph.scope(|s| Run { p: self, s, expected: &expected, first: None }.go(&tensors))
     }
 
@@ -551,7 +609,7 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
 
     /// Checks that `e` is the error the model predicts for step `at` (or an arena limit).
     fn check_error(&self, at: usize, e: &Error) -> Result<(), Finding> {
-        let ok_limit = self.p.arena_limit.is_some() && matches!(e, Error::ArenaLimit { .. });
+        let ok_limit = self.p.honest_limit(e);
         let as_predicted = match self.expected.get(at) {
             Some(Outcome::Err { variant, op }) => model::variant(e) == *variant && e.op() == *op,
             _ => false,
@@ -602,7 +660,7 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
         let ok = match (&self.first, got) {
             (Some((_, first)), Err(e)) => first == e,
             (Some(_), Ok(())) => false,
-            (None, Err(e @ Error::ArenaLimit { .. })) if self.p.arena_limit.is_some() => e.op() == "backward",
+            (None, Err(e @ Error::ArenaLimit { .. })) => self.p.honest_limit(e) && e.op() == "backward",
             (None, Err(Error::NotScalar { op: "backward", .. })) => loss.shape().numel() != 1,
             (None, Err(Error::BackwardTwice { .. })) => consumed && loss.shape().numel() == 1,
             (None, Err(_)) => false,
@@ -652,7 +710,7 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
             if self.first.is_none() {
                 if let Err(e) = s.check() {
                     // Only the arena limit can stop a sum of a valid value.
-                    if !(self.p.arena_limit.is_some() && matches!(e, Error::ArenaLimit { .. })) {
+                    if !self.p.honest_limit(&e) {
                         return Err(self.fail(at, format!("sum of the loss failed: {e}")));
                     }
                     self.first = Some((at, e));
@@ -820,6 +878,12 @@ fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[Var<'s, T>],
         Step::NoGrad(inner) => s.no_grad(|| step_on(s, values, inner)),
         Step::Const { dims, data } => s.tensor(&data.iter().map(|&x| c(x)).collect::<Vec<_>>(), dims),
         Step::Full { dims, v: x } => s.full(dims, c(*x)),
+        Step::Conv2d { x, w, stride, padding } => v(*x).conv2d(v(*w), *stride, *padding),
+        Step::Window { op, x, kernel, stride, padding } => match op {
+            WindowOp::Im2Col => v(*x).im2col(*kernel, *stride, *padding),
+            WindowOp::MaxPool2d => v(*x).max_pool2d(*kernel, *stride, *padding),
+            WindowOp::AvgPool2d => v(*x).avg_pool2d(*kernel, *stride, *padding),
+        },
     }
 }
 

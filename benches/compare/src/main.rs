@@ -289,6 +289,15 @@ fn report(o: &Options, r: &Results, systems: &[String], elapsed: Duration) {
         }
         println!("{line}");
     }
+    println!("\nEvery repetition's value (the table shows their median):");
+    for metric in r.order.iter().filter(|m| m.ends_with("_ms") || m.ends_with("_ns")) {
+        let cells: Vec<String> = systems
+            .iter()
+            .filter_map(|s| r.values.get(&(metric.clone(), s.clone())).map(|v| (s, v)))
+            .map(|(s, v)| format!("{s} {}", v.iter().map(|x| fmt(*x)).collect::<Vec<_>>().join("/")))
+            .collect();
+        println!("  {}: {}", label(metric), cells.join(", "));
+    }
     for f in &r.failures {
         println!("failed: {f}");
     }

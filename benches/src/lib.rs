@@ -288,7 +288,7 @@ pub struct TeardownTimes {
     pub teardown: Duration,
 }
 
-/// W4: records `nodes` tiny nodes (an affine chain on a shape-[1] leaf), runs backward,
+/// W4: records `nodes` tiny nodes (an affine chain on a `[1]`-shaped leaf), runs backward,
 /// and times the end of the scope separately.
 pub fn teardown_step(g: &mut Graph<f32>, x: &Tensor<f32>, nodes: usize) -> TeardownTimes {
     let t0 = Instant::now();

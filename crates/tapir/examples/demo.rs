@@ -25,7 +25,7 @@ struct Args {
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { iters: 200, every: 20, threads: 0, size: 1024 };
+    let mut args = Args { iters: 500, every: 50, threads: 0, size: 1024 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = |name: &str| -> Result<usize, String> {

@@ -129,12 +129,15 @@ impl Arena {
         let total = self.bump.allocated_bytes();
         self.bump.reset();
         if self.bump.allocated_bytes() < total {
-            // Several chunks were needed: keep one that holds them all, so that the next
-            // iteration of the same shape needs no new chunk.
+            // Several chunks were needed: keep one that holds what this scope used, plus
+            // room for alignment padding, so that the next iteration of the same shape
+            // needs no new chunk. (The chunks' total overshoots: bumpalo doubles them.)
             if self.resets > 0 {
                 self.regrowths += 1;
             }
-            if let Ok(bump) = Bump::try_with_capacity(total) {
+            let used = self.in_use.get();
+            let capacity = used.saturating_add(used / 16).saturating_add(64 * 1024).min(total);
+            if let Ok(bump) = Bump::try_with_capacity(capacity) {
                 self.bump = bump;
             }
         }

@@ -64,14 +64,20 @@ pub struct Leaf {
 
 /// Elementwise binary ops with broadcasting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum BinOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
+    /// `a / b`.
     Div,
+    /// `a.pow(b)`.
     Pow,
+    /// `a.maximum(b)`.
     Maximum,
+    /// `a.minimum(b)`.
     Minimum,
 }
 
@@ -92,12 +98,16 @@ impl BinOp {
 
 /// Comparisons (no gradient).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum CmpOp {
+    /// `a.gt(b)`.
     Gt,
+    /// `a.ge(b)`.
     Ge,
+    /// `a.lt(b)`.
     Lt,
+    /// `a.le(b)`.
     Le,
+    /// `a.equal(b)`.
     Equal,
 }
 
@@ -117,36 +127,57 @@ impl CmpOp {
 /// Ops with a scalar operand: `x + c`, `x - c`, `x * c`, `x / c`, `x^c`,
 /// `leaky_relu(x, c)`, `c - x`, `c / x`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum ScalarOp {
+    /// `x + c`.
     Add,
+    /// `x - c`.
     Sub,
+    /// `x * c`.
     Mul,
+    /// `x / c`.
     Div,
+    /// `x.powf(c)`.
     Powf,
+    /// `x.leaky_relu(c)`.
     LeakyRelu,
+    /// `c - x`.
     RSub,
+    /// `c / x`.
     RDiv,
 }
 
 /// Elementwise unary ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum UnaryOp {
+    /// `x.neg()`.
     Neg,
+    /// `x.exp()`.
     Exp,
+    /// `x.log()`.
     Log,
+    /// `x.sqrt()`.
     Sqrt,
+    /// `x.square()`.
     Square,
+    /// `x.recip()`.
     Recip,
+    /// `x.abs()`.
     Abs,
+    /// `x.sin()`.
     Sin,
+    /// `x.cos()`.
     Cos,
+    /// `x.tanh()`.
     Tanh,
+    /// `x.sigmoid()`.
     Sigmoid,
+    /// `x.relu()`.
     Relu,
+    /// `x.gelu()`.
     Gelu,
+    /// `x.gelu_tanh()`.
     GeluTanh,
+    /// `x.softplus()`.
     Softplus,
 }
 
@@ -158,11 +189,14 @@ impl UnaryOp {
 
 /// Reductions over all elements or over axes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum ReduceOp {
+    /// `sum` / `sum_axes`.
     Sum,
+    /// `mean` / `mean_axes`.
     Mean,
+    /// `max` / `max_axes`.
     Max,
+    /// `min` / `min_axes`.
     Min,
 }
 
@@ -177,168 +211,86 @@ impl ReduceOp {
     }
 }
 
-/// One op of a program. Operands are indices into the program's values: the leaves
-/// first, then each step's result in order.
+/// One op of a program. Operands (`a`, `b`, `x`, `y`, `w`, `cond`, `xs`) are indices into
+/// the program's values: the leaves first, then each step's result in order. The other
+/// fields are the op's arguments, named as in its signature.
 #[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
+#[allow(missing_docs)] // the fields, described above
 pub enum Step {
-    Binary {
-        op: BinOp,
-        a: usize,
-        b: usize,
-    },
-    Compare {
-        op: CmpOp,
-        a: usize,
-        b: usize,
-    },
-    Scalar {
-        op: ScalarOp,
-        x: usize,
-        c: f64,
-    },
-    Clamp {
-        x: usize,
-        lo: f64,
-        hi: f64,
-    },
-    Unary {
-        op: UnaryOp,
-        x: usize,
-    },
-    MatMul {
-        a: usize,
-        b: usize,
-    },
-    Reshape {
-        x: usize,
-        dims: Vec<usize>,
-    },
-    Permute {
-        x: usize,
-        axes: Vec<usize>,
-    },
-    Transpose {
-        x: usize,
-        a0: isize,
-        a1: isize,
-    },
-    BroadcastTo {
-        x: usize,
-        dims: Vec<usize>,
-    },
-    Squeeze {
-        x: usize,
-        axis: isize,
-    },
-    Unsqueeze {
-        x: usize,
-        axis: isize,
-    },
-    Narrow {
-        x: usize,
-        axis: isize,
-        start: usize,
-        len: usize,
-    },
-    Concat {
-        xs: Vec<usize>,
-        axis: isize,
-    },
-    Stack {
-        xs: Vec<usize>,
-        axis: isize,
-    },
-    IndexSelect {
-        x: usize,
-        axis: isize,
-        indices: Vec<usize>,
-    },
-    Where {
-        cond: usize,
-        a: usize,
-        b: usize,
-    },
+    /// A broadcasting binary op.
+    Binary { op: BinOp, a: usize, b: usize },
+    /// A comparison (no gradient).
+    Compare { op: CmpOp, a: usize, b: usize },
+    /// An op with a scalar operand `c`.
+    Scalar { op: ScalarOp, x: usize, c: f64 },
+    /// `x.clamp(lo, hi)`.
+    Clamp { x: usize, lo: f64, hi: f64 },
+    /// An elementwise unary op.
+    Unary { op: UnaryOp, x: usize },
+    /// `a.matmul(b)`.
+    MatMul { a: usize, b: usize },
+    /// `x.reshape(dims)`.
+    Reshape { x: usize, dims: Vec<usize> },
+    /// `x.permute(axes)`.
+    Permute { x: usize, axes: Vec<usize> },
+    /// `x.transpose(a0, a1)`, or `x.t()` for `(-2, -1)`.
+    Transpose { x: usize, a0: isize, a1: isize },
+    /// `x.broadcast_to(dims)`.
+    BroadcastTo { x: usize, dims: Vec<usize> },
+    /// `x.squeeze(axis)`.
+    Squeeze { x: usize, axis: isize },
+    /// `x.unsqueeze(axis)`.
+    Unsqueeze { x: usize, axis: isize },
+    /// `x.narrow(axis, start, len)`.
+    Narrow { x: usize, axis: isize, start: usize, len: usize },
+    /// `Scope::concat(xs, axis)`.
+    Concat { xs: Vec<usize>, axis: isize },
+    /// `Scope::stack(xs, axis)`.
+    Stack { xs: Vec<usize>, axis: isize },
+    /// `x.index_select(axis, indices)`.
+    IndexSelect { x: usize, axis: isize, indices: Vec<usize> },
+    /// `Scope::where_(cond, a, b)`.
+    Where { cond: usize, a: usize, b: usize },
     /// `axes: None` reduces everything (`sum()`, `mean()`, `max()`, `min()`).
-    Reduce {
-        op: ReduceOp,
-        x: usize,
-        axes: Option<Vec<isize>>,
-        keepdim: bool,
-    },
-    Var {
-        x: usize,
-        axes: Vec<isize>,
-        keepdim: bool,
-        correction: usize,
-    },
-    LogSumExp {
-        x: usize,
-        axis: isize,
-        keepdim: bool,
-    },
-    Softmax {
-        x: usize,
-        axis: isize,
-        log: bool,
-    },
-    CrossEntropy {
-        x: usize,
-        labels: Vec<usize>,
-    },
-    Nll {
-        x: usize,
-        labels: Vec<usize>,
-    },
-    Bce {
-        x: usize,
-        y: usize,
-    },
-    Mse {
-        a: usize,
-        b: usize,
-    },
-    Detach {
-        x: usize,
-    },
-    WithGrad {
-        x: usize,
-    },
+    Reduce { op: ReduceOp, x: usize, axes: Option<Vec<isize>>, keepdim: bool },
+    /// `x.var(axes, keepdim, correction)`.
+    Var { x: usize, axes: Vec<isize>, keepdim: bool, correction: usize },
+    /// `x.logsumexp(axis, keepdim)`.
+    LogSumExp { x: usize, axis: isize, keepdim: bool },
+    /// `x.softmax(axis)`, or `x.log_softmax(axis)` if `log`.
+    Softmax { x: usize, axis: isize, log: bool },
+    /// `x.cross_entropy(labels)`.
+    CrossEntropy { x: usize, labels: Vec<usize> },
+    /// `x.nll_loss(labels)`.
+    Nll { x: usize, labels: Vec<usize> },
+    /// `x.bce_with_logits(y)`.
+    Bce { x: usize, y: usize },
+    /// `a.mse_loss(b)`.
+    Mse { a: usize, b: usize },
+    /// `x.detach()`.
+    Detach { x: usize },
+    /// `x.with_grad()`.
+    WithGrad { x: usize },
     /// The inner step, run inside `Scope::no_grad`.
     NoGrad(Box<Step>),
     /// `Scope::tensor(data, dims)`.
-    Const {
-        dims: Vec<usize>,
-        data: Vec<f64>,
-    },
+    Const { dims: Vec<usize>, data: Vec<f64> },
     /// `Scope::full(dims, v)`.
-    Full {
-        dims: Vec<usize>,
-        v: f64,
-    },
+    Full { dims: Vec<usize>, v: f64 },
     /// `x.conv2d(w, stride, padding)`.
-    Conv2d {
-        x: usize,
-        w: usize,
-        stride: [usize; 2],
-        padding: [usize; 2],
-    },
+    Conv2d { x: usize, w: usize, stride: [usize; 2], padding: [usize; 2] },
     /// `im2col`, `max_pool2d` or `avg_pool2d` of `x`.
-    Window {
-        op: WindowOp,
-        x: usize,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    },
+    Window { op: WindowOp, x: usize, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
 }
 
 /// The sliding-window ops besides `conv2d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub enum WindowOp {
+    /// `x.im2col(kernel, stride, padding)`.
     Im2Col,
+    /// `x.max_pool2d(kernel, stride, padding)`.
     MaxPool2d,
+    /// `x.avg_pool2d(kernel, stride, padding)`.
     AvgPool2d,
 }
 

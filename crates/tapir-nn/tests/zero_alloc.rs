@@ -6,9 +6,6 @@
 //! so the test harness's threads do not disturb them; matrix products run on the calling
 //! thread (`Graph::set_threads(1)`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use rand::SeedableRng;
 use tapir::{Graph, ParamStore, Tensor};
 use tapir_nn::optim::{clip_grad_norm, Adam, AdamW, CosineWarmup, Optimizer, Schedule, Sgd};
@@ -16,52 +13,15 @@ use tapir_nn::{
     Activation, AvgPool2d, Conv2d, Ctx, Dropout, Flatten, LayerNorm, Linear, MaxPool2d, Mlp, Module, Sequential,
 };
 
-thread_local! {
-    // `const` initialisers need no lazy set-up, so touching them never allocates.
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-fn count() {
-    // `try_with`: during thread teardown the slot may be gone; those calls go uncounted.
-    let _ = ALLOCATIONS.try_with(|a| a.set(a.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
-// `System`'s guarantees carry over; the counter is a const-initialised thread-local, which
-// never allocates. Test-only code (see docs/unsafe.md): a global allocator cannot be
-// written without `unsafe`.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator (hence from `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+/// The engine's counting allocator (per-thread counts), shared rather than copied.
+#[path = "../../tapir/tests/common/mod.rs"]
+mod common;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static ALLOC: common::Counting = common::Counting::new();
 
 fn allocations() -> usize {
-    ALLOCATIONS.with(Cell::get)
+    ALLOC.allocations()
 }
 
 /// Runs `steps` training steps of `model` and returns the heap allocations made by the

@@ -46,28 +46,32 @@ fn count(added: usize, freed: usize, call: bool) {
     }
 }
 
+// A global allocator cannot be written in safe code; this one serves tests only.
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
-// `System`'s guarantees carry over; the counters are const-initialised thread-locals, which never allocate. This is test-only
-// code (see docs/unsafe.md): a global allocator cannot be written without `unsafe`.
+// `System`'s guarantees carry over; the counters are const-initialised thread-locals.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: the trait's contract passes through to `System::alloc`.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size(), 0, true);
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
         unsafe { System.alloc(layout) }
     }
 
+    // SAFETY: the trait's contract passes through to `System::alloc_zeroed`.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout.size(), 0, true);
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
+    // SAFETY: the trait's contract passes through to `System::dealloc`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         count(0, layout.size(), false);
         // SAFETY: `ptr` came from this allocator (hence from `System`) with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
+    // SAFETY: the trait's contract passes through to `System::realloc`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size, layout.size(), true);
         // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.

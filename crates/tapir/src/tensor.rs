@@ -317,9 +317,79 @@ impl<T: Float> Tensor<T> {
         self.map(T::exp)
     }
 
+    /// Natural logarithm elementwise.
+    pub fn log(&self) -> Tensor<T> {
+        self.map(T::ln)
+    }
+
+    /// Square root elementwise.
+    pub fn sqrt(&self) -> Tensor<T> {
+        self.map(T::sqrt)
+    }
+
     /// `tanh x` elementwise.
     pub fn tanh(&self) -> Tensor<T> {
         self.map(T::tanh)
+    }
+
+    /// Logistic sigmoid elementwise, the same stable formula as [`Var::sigmoid`](crate::Var::sigmoid).
+    pub fn sigmoid(&self) -> Tensor<T> {
+        self.map(crate::ops::unary::sigmoid)
+    }
+
+    /// `ln(1 + eˣ)` elementwise, as [`Var::softplus`](crate::Var::softplus).
+    pub fn softplus(&self) -> Tensor<T> {
+        self.map(crate::ops::unary::softplus)
+    }
+
+    /// GELU with the exact normal CDF, as [`Var::gelu`](crate::Var::gelu).
+    pub fn gelu(&self) -> Tensor<T> {
+        self.map(crate::ops::unary::gelu_erf)
+    }
+
+    /// GELU with the tanh approximation, as [`Var::gelu_tanh`](crate::Var::gelu_tanh).
+    pub fn gelu_tanh(&self) -> Tensor<T> {
+        self.map(crate::ops::unary::gelu_tanh)
+    }
+
+    /// Log-softmax along `axis`, as [`Var::log_softmax`](crate::Var::log_softmax).
+    ///
+    /// # Errors
+    /// [`Error::BadAxis`] if `axis` is out of range.
+    #[track_caller]
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor<T>> {
+        self.softmax_impl(axis, true, "log_softmax")
+    }
+
+    /// Sum over `axis`, keeping it as size 1, as [`Var::sum_axes`](crate::Var::sum_axes).
+    ///
+    /// # Errors
+    /// [`Error::BadAxis`] if `axis` is out of range.
+    #[track_caller]
+    pub fn sum_axis(&self, axis: isize) -> Result<Tensor<T>> {
+        let ax = self.axis("sum_axis", axis)?;
+        let shape = self.shape.with_dim(ax, 1).expect("a smaller dimension cannot overflow");
+        let mut out = vec![T::ZERO; shape.numel()];
+        kernels::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out);
+        Ok(Tensor { data: out, shape })
+    }
+
+    #[track_caller]
+    fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
+        crate::graph::scope::resolve_axis(self.shape.rank(), axis).ok_or(Error::BadAxis {
+            op,
+            axis,
+            shape: self.shape,
+            location: Location::caller(),
+        })
+    }
+
+    #[track_caller]
+    fn softmax_impl(&self, axis: isize, log: bool, op: &'static str) -> Result<Tensor<T>> {
+        let ax = self.axis(op, axis)?;
+        let mut out = vec![T::ZERO; self.data.len()];
+        kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out, log);
+        Ok(Tensor { data: out, shape: self.shape })
     }
 
     /// Sum of all elements.
@@ -333,15 +403,7 @@ impl<T: Float> Tensor<T> {
     /// [`Error::BadAxis`] if `axis` is out of range.
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Result<Tensor<T>> {
-        let ax = crate::graph::scope::resolve_axis(self.shape.rank(), axis).ok_or(Error::BadAxis {
-            op: "softmax",
-            axis,
-            shape: self.shape,
-            location: Location::caller(),
-        })?;
-        let mut out = vec![T::ZERO; self.data.len()];
-        kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out, false);
-        Ok(Tensor { data: out, shape: self.shape })
+        self.softmax_impl(axis, false, "softmax")
     }
 
     /// Index of the largest element of each row of a 2-D tensor (first on ties).
@@ -416,6 +478,32 @@ mod tests {
         assert!(Tensor::<f32>::zeros(&[1 << 40, 1 << 40]).is_err());
         assert_eq!(Tensor::<f64>::arange(0.0, 1.0, 0.25).unwrap().data(), &[0.0, 0.25, 0.5, 0.75]);
         assert_eq!(Tensor::<f64>::eye(2).unwrap().data(), &[1.0, 0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn eager_ops_agree_with_the_graph() {
+        // The same kernels and scalar functions: results must be bitwise equal.
+        let x = Tensor::<f64>::from_vec(vec![-1.5, -0.2, 0.0, 0.7, 2.5, 4.0], &[2, 3]).unwrap();
+        let mut g = crate::Graph::<f64>::new();
+        g.scope(|s| {
+            let v = s.input(&x);
+            let pairs = [
+                (v.sigmoid(), x.sigmoid()),
+                (v.softplus(), x.softplus()),
+                (v.gelu(), x.gelu()),
+                (v.gelu_tanh(), x.gelu_tanh()),
+                (v.exp(), x.exp()),
+                (v.relu(), x.relu()),
+                (v.log_softmax(1), x.log_softmax(1).unwrap()),
+                (v.softmax(0), x.softmax(0).unwrap()),
+                (v.sum_axes(&[-1], true), x.sum_axis(-1).unwrap()),
+            ];
+            for (graph, eager) in pairs {
+                assert_eq!(graph.to_tensor().unwrap(), eager);
+            }
+        });
+        let e = x.sum_axis(2).unwrap_err();
+        assert!(matches!(e, Error::BadAxis { op: "sum_axis", .. }), "{e}");
     }
 
     #[test]

@@ -261,10 +261,15 @@ impl Error {
     }
 }
 
-/// Makes a [`Shape`] from dimensions, or the [`Error::InvalidShape`] that names `op`.
+/// Makes a [`Shape`] from dimensions, or the [`Error::InvalidShape`] that names `op`, the
+/// input's shape and the caller's location.
 #[track_caller]
 pub(crate) fn shape_of(op: &'static str, input: Shape, dims: &[usize]) -> Result<Shape> {
-    let location = Location::caller();
+    shape_at(op, input, dims, Location::caller())
+}
+
+/// [`shape_of`] with an explicit location (recording closures carry their caller's).
+pub(crate) fn shape_at(op: &'static str, input: Shape, dims: &[usize], location: Loc) -> Result<Shape> {
     Shape::new(dims).map_err(|p| Error::InvalidShape {
         op,
         shape: input,

@@ -291,17 +291,7 @@ impl<'s, T: Float> Rec<'_, 's, T> {
 
     /// A shape from dimensions, or the `InvalidShape` error naming this op and `input`.
     pub fn shape_of(&self, input: Shape, dims: &[usize]) -> Result<Shape> {
-        Shape::new(dims).map_err(|p| Error::InvalidShape {
-            op: self.op,
-            shape: input,
-            detail: match p {
-                crate::shape::ShapeProblem::Rank(r) => {
-                    format!("dimensions {dims:?} have rank {r}, above the maximum {}", crate::shape::MAX_RANK)
-                }
-                crate::shape::ShapeProblem::Overflow => format!("dimensions {dims:?} overflow the element count"),
-            },
-            location: self.location,
-        })
+        crate::error::shape_at(self.op, input, dims, self.location)
     }
 
     pub fn invalid(&self, detail: String) -> Error {

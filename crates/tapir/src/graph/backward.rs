@@ -10,7 +10,7 @@ use faer::Par;
 
 use crate::error::{Error, Loc, Result};
 use crate::graph::scope::alloc_error;
-use crate::graph::tape::{recycle, Node, Tape};
+use crate::graph::tape::{recycle, Tape};
 use crate::graph::NodeId;
 use crate::ops::{self, Op};
 use crate::shape::Shape;
@@ -19,8 +19,7 @@ use crate::Float;
 
 /// What an op's backward function sees.
 pub(crate) struct BackwardCtx<'a, 's, T> {
-    nodes: &'a [Node<'s, T>],
-    extra: &'a [u32],
+    tape: &'a Tape<'s, T>,
     grads: &'a mut [Option<&'s mut [T]>],
     arena: &'s Arena,
     pub par: Par,
@@ -29,21 +28,21 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
 
 impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
-        self.nodes[id.index()].value
+        self.tape.nodes[id.index()].value
     }
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {
-        self.nodes[id.index()].shape
+        self.tape.shape(id)
     }
 
     pub fn extra(&self, at: u32, len: usize) -> &'a [u32] {
-        &self.extra[at as usize..at as usize + len]
+        &self.tape.extra[at as usize..at as usize + len]
     }
 
     /// `∂L/∂out` and the (zero-initialised on first use) gradient buffer of `input`, or
     /// `None` if `input` requires no gradient.
     pub fn grad_pair(&mut self, out: NodeId<'s>, input: NodeId<'s>) -> Result<Option<(&[T], &mut [T])>> {
-        let node = &self.nodes[input.index()];
+        let node = self.tape.node(input);
         if !node.requires_grad {
             return Ok(None);
         }
@@ -69,7 +68,7 @@ pub(crate) fn run<'s, T: Float>(
     location: Loc,
     anomaly: bool,
 ) -> Result<()> {
-    let node = tape.nodes[loss.index()];
+    let node = tape.node(loss);
     if node.shape.numel() != 1 {
         return Err(Error::NotScalar { op: "backward", shape: node.shape, location });
     }
@@ -94,7 +93,7 @@ fn walk<'s, T: Float>(
         return Ok(());
     }
     grads[loss.index()] = Some(arena.alloc_fill(1, T::ONE).map_err(|e| alloc_error(e, "backward", location))?);
-    let mut ctx = BackwardCtx { nodes: &tape.nodes, extra: &tape.extra, grads, arena, par, location };
+    let mut ctx = BackwardCtx { tape, grads, arena, par, location };
     for i in (0..=loss.index()).rev() {
         let node = tape.nodes[i];
         if !node.requires_grad || ctx.grads[i].is_none() {
@@ -109,7 +108,7 @@ fn walk<'s, T: Float>(
     Ok(())
 }
 
-fn check_finite<T: Float>(ctx: &BackwardCtx<'_, '_, T>, tape: &Tape<'_, T>, op: Op<'_, T>, i: usize) -> Result<()> {
+fn check_finite<'s, T: Float>(ctx: &BackwardCtx<'_, 's, T>, tape: &Tape<'s, T>, op: Op<'s, T>, i: usize) -> Result<()> {
     let mut bad = None;
     op.for_each_input(&tape.extra, |x| {
         if let Some(g) = ctx.grads[x.index()].as_deref() {
@@ -120,12 +119,9 @@ fn check_finite<T: Float>(ctx: &BackwardCtx<'_, '_, T>, tape: &Tape<'_, T>, op: 
     });
     match bad {
         None => Ok(()),
-        Some(x) => Err(Error::NonFinite {
-            op: op.name(),
-            phase: "backward",
-            shape: tape.nodes[x.index()].shape,
-            location: tape.locs[i],
-        }),
+        Some(x) => {
+            Err(Error::NonFinite { op: op.name(), phase: "backward", shape: tape.shape(x), location: tape.locs[i] })
+        }
     }
 }
 

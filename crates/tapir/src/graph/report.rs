@@ -11,7 +11,6 @@
 
 use std::fmt;
 
-use crate::graph::tape::Node;
 use crate::graph::Scope;
 use crate::ops::Op;
 use crate::storage::ArenaStats;
@@ -94,7 +93,7 @@ impl<T: Float> Scope<'_, '_, T> {
     /// ```
     pub fn memory_report(&self) -> MemoryReport {
         let tape = self.core.tape.borrow();
-        let tape_bytes = tape.nodes.len() * std::mem::size_of::<Node<'_, T>>() + tape.extra.len() * 4;
+        let tape_bytes = tape.bytes();
         let mut ops: Vec<OpMemory> = Vec::new();
         for (i, node) in tape.nodes.iter().enumerate() {
             let op = node.op.name();

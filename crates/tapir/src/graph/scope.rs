@@ -16,7 +16,7 @@ use faer::Par;
 
 use crate::error::{Error, Loc, Result};
 use crate::graph::backward;
-use crate::graph::tape::{Node, Spare, Tape};
+use crate::graph::tape::{NodeView, Spare, Tape};
 use crate::graph::NodeId;
 use crate::ops::Op;
 use crate::params::{GradBuffer, ParamId, ParamStore};
@@ -189,18 +189,13 @@ impl<T: Float> Graph<T> {
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.
             let mut tape = scope.core.tape.borrow_mut();
-            self.last =
-                GraphStats { nodes: tape.nodes.len(), tape_bytes: tape_bytes(&tape), arena: self.arena.stats() };
+            self.last = GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.arena.stats() };
             tape.drain_into(&mut self.spare);
             out
         };
         self.arena.reset();
         out
     }
-}
-
-fn tape_bytes<T>(tape: &Tape<'_, T>) -> usize {
-    tape.nodes.len() * std::mem::size_of::<Node<'_, T>>() + tape.extra.len() * 4
 }
 
 /// One iteration's recording. Made by [`Graph::scope`]; see there for the lifetimes.
@@ -246,8 +241,8 @@ pub(crate) struct Rec<'a, 's, T> {
 }
 
 impl<'s, T: Float> Rec<'_, 's, T> {
-    pub fn node(&self, id: NodeId<'s>) -> Node<'s, T> {
-        *self.tape.node(id)
+    pub fn node(&self, id: NodeId<'s>) -> NodeView<'s, T> {
+        self.tape.node(id)
     }
 
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
@@ -255,7 +250,7 @@ impl<'s, T: Float> Rec<'_, 's, T> {
     }
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {
-        self.tape.node(id).shape
+        self.tape.shape(id)
     }
 
     fn alloc_err(&self, e: AllocFail) -> Error {
@@ -344,7 +339,7 @@ impl<'s, T: Float> Core<'s, T> {
                 }
                 tape.locs.push(location);
             }
-            tape.push(Node { value, op: kind, shape, requires_grad }, op, location)
+            tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
         });
         match pushed {
             Ok(id) => Var { core: self, id },
@@ -499,7 +494,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         self.run_backward(loss, false, location)?;
         let tape = self.core.tape.borrow();
         // Check every parameter first, so that a mismatch changes nothing.
-        for node in &tape.nodes {
+        for node in tape.nodes.iter().map(|n| tape.view(n)) {
             if let Op::Param(p) = node.op {
                 if grads.shape(p as usize) != Some(node.shape) {
                     return Err(Error::UnknownParam {
@@ -549,7 +544,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Nodes recorded so far, tape bytes and arena use, now.
     pub fn stats(&self) -> GraphStats {
         let tape = self.core.tape.borrow();
-        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape_bytes(&tape), arena: self.core.arena.stats() }
+        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats() }
     }
 
     /// The tape as text, one node a line, like SSA: `%7 = mul %3 %5 : [2, 3]`.
@@ -557,7 +552,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         use std::fmt::Write;
         let tape = self.core.tape.borrow();
         let mut s = String::new();
-        for (i, n) in tape.nodes.iter().enumerate() {
+        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
             let _ = write!(s, "%{i} = {}", n.op.name());
             n.op.for_each_input(&tape.extra, |x| {
                 let _ = write!(s, " {x:?}");
@@ -573,7 +568,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         use std::fmt::Write;
         let tape = self.core.tape.borrow();
         let mut s = String::from("digraph tape {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n");
-        for (i, n) in tape.nodes.iter().enumerate() {
+        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
             let style = if n.requires_grad { ", style=filled, fillcolor=lightblue" } else { "" };
             let _ = writeln!(s, "  n{i} [label=\"%{i} {}\\n{}\"{style}];", n.op.name(), n.shape);
             n.op.for_each_input(&tape.extra, |x| {
@@ -591,12 +586,12 @@ impl<'s, T: Float> Var<'s, T> {
         self.id
     }
 
-    fn with_node<R>(self, f: impl FnOnce(&Node<'s, T>) -> R) -> Result<R> {
+    fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {
         let tape = self.core.tape.borrow();
         if let Some(e) = &tape.error {
             return Err(e.clone());
         }
-        Ok(f(tape.node(self.id)))
+        Ok(f(&tape.node(self.id)))
     }
 
     /// The shape (`[]` for a poisoned handle).

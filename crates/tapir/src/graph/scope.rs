@@ -329,7 +329,9 @@ impl<'s, T: Float> Core<'s, T> {
         }
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location });
         let pushed = result.and_then(|(kind, shape, value)| {
-            let mut requires_grad = false;
+            // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
+            // the caller said so explicitly); every other node inherits it from its inputs.
+            let mut requires_grad = matches!(kind, Op::Variable | Op::Param(_));
             if tape.no_grad == 0 {
                 kind.for_each_input(&tape.extra, |i| requires_grad |= tape.nodes[i.index()].requires_grad);
             }
@@ -353,13 +355,7 @@ impl<'s, T: Float> Core<'s, T> {
     /// Records a leaf whose value is already in place.
     #[track_caller]
     pub(crate) fn leaf(&'s self, kind: Op<'s, T>, shape: Shape, value: &'s [T]) -> Var<'s, T> {
-        let requires_grad = !matches!(kind, Op::Leaf);
-        let v = self.record("leaf", |_| Ok((kind, shape, value)));
-        if requires_grad && v.id != NodeId::POISON {
-            // `record` derives requires_grad from inputs, and leaves have none.
-            self.tape.borrow_mut().nodes[v.id.index()].requires_grad = true;
-        }
-        v
+        self.record("leaf", |_| Ok((kind, shape, value)))
     }
 
     /// Records the error `e` unless the scope already holds one, and returns a poisoned handle.
@@ -664,13 +660,9 @@ impl<'s, T: Float> Var<'s, T> {
     /// PyTorch's `x.detach().requires_grad_()`.
     #[track_caller]
     pub fn with_grad(self) -> Var<'s, T> {
-        let v = self.detach();
-        let mut tape = self.core.tape.borrow_mut();
-        if tape.error.is_none() {
-            let node = &mut tape.nodes[v.id.index()];
-            node.op = Op::Variable;
-            node.requires_grad = true;
-        }
-        v
+        self.core.record("with_grad", |r| {
+            let n = r.node(self.id);
+            Ok((Op::Variable, n.shape, n.value))
+        })
     }
 }

@@ -55,6 +55,10 @@ pub trait Float:
     fn ln(self) -> Self;
     /// `ln(1 + x)`, accurate near 0.
     fn ln_1p(self) -> Self;
+    /// `eˣ − 1`, accurate near 0.
+    fn exp_m1(self) -> Self;
+    /// Arctangent, in `(−π/2, π/2)`.
+    fn atan(self) -> Self;
     /// Square root.
     fn sqrt(self) -> Self;
     /// Absolute value.
@@ -120,6 +124,14 @@ macro_rules! impl_float {
             #[inline]
             fn ln_1p(self) -> Self {
                 <$t>::ln_1p(self)
+            }
+            #[inline]
+            fn exp_m1(self) -> Self {
+                <$t>::exp_m1(self)
+            }
+            #[inline]
+            fn atan(self) -> Self {
+                <$t>::atan(self)
             }
             #[inline]
             fn sqrt(self) -> Self {

@@ -173,6 +173,13 @@ impl Shape {
     }
 }
 
+/// `axis` in `-rank..rank`, made non-negative (`-1` is the last axis), or `None` outside.
+pub(crate) fn resolve_axis(rank: usize, axis: isize) -> Option<usize> {
+    let r = rank as isize;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a as usize)
+}
+
 impl fmt::Display for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;

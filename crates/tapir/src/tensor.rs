@@ -309,7 +309,7 @@ impl<T: Float> Tensor<T> {
 
     /// `max(x, 0)` elementwise.
     pub fn relu(&self) -> Tensor<T> {
-        self.map(|v| if v > T::ZERO { v } else { T::ZERO })
+        self.map(crate::kernels::scalar::relu)
     }
 
     /// `eˣ` elementwise.
@@ -334,22 +334,22 @@ impl<T: Float> Tensor<T> {
 
     /// Logistic sigmoid elementwise, the same stable formula as [`Var::sigmoid`](crate::Var::sigmoid).
     pub fn sigmoid(&self) -> Tensor<T> {
-        self.map(crate::ops::unary::sigmoid)
+        self.map(crate::kernels::scalar::sigmoid)
     }
 
     /// `ln(1 + eˣ)` elementwise, as [`Var::softplus`](crate::Var::softplus).
     pub fn softplus(&self) -> Tensor<T> {
-        self.map(crate::ops::unary::softplus)
+        self.map(crate::kernels::scalar::softplus)
     }
 
     /// GELU with the exact normal CDF, as [`Var::gelu`](crate::Var::gelu).
     pub fn gelu(&self) -> Tensor<T> {
-        self.map(crate::ops::unary::gelu_erf)
+        self.map(crate::kernels::scalar::gelu_erf)
     }
 
     /// GELU with the tanh approximation, as [`Var::gelu_tanh`](crate::Var::gelu_tanh).
     pub fn gelu_tanh(&self) -> Tensor<T> {
-        self.map(crate::ops::unary::gelu_tanh)
+        self.map(crate::kernels::scalar::gelu_tanh)
     }
 
     /// Log-softmax along `axis`, as [`Var::log_softmax`](crate::Var::log_softmax).
@@ -376,7 +376,7 @@ impl<T: Float> Tensor<T> {
 
     #[track_caller]
     fn axis(&self, op: &'static str, axis: isize) -> Result<usize> {
-        crate::graph::scope::resolve_axis(self.shape.rank(), axis).ok_or(Error::BadAxis {
+        crate::shape::resolve_axis(self.shape.rank(), axis).ok_or(Error::BadAxis {
             op,
             axis,
             shape: self.shape,

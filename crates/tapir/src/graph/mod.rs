@@ -1,11 +1,14 @@
 //! The tape, its scopes and the backward pass.
 
 pub(crate) mod backward;
-mod id;
+pub(crate) mod core;
+pub(crate) mod id;
 mod report;
-pub(crate) mod scope;
+mod scope;
 pub(crate) mod tape;
+mod var;
 
 pub use id::NodeId;
 pub use report::{MemoryReport, OpMemory};
-pub use scope::{Graph, GraphStats, Scope, Var};
+pub use scope::{Graph, GraphStats, Scope};
+pub use var::Var;

@@ -1,4 +1,5 @@
-//! [`Scope::memory_report`]: where a scope's memory went, by op kind.
+//! What a scope holds, for people: [`Scope::memory_report`] (where its memory went, by op
+//! kind), [`Scope::dump`] (the tape as SSA text) and [`Scope::to_dot`] (Graphviz).
 //!
 //! Every node's value is counted under its op's name (`matmul`, `relu`, ...), and so is
 //! its gradient once a backward pass has made one. Some values share memory with an
@@ -95,9 +96,10 @@ impl<T: Float> Scope<'_, '_, T> {
         let tape = self.core.tape.borrow();
         let tape_bytes = tape.bytes();
         let mut ops: Vec<OpMemory> = Vec::new();
-        for (i, node) in tape.nodes.iter().enumerate() {
+        for id in tape.ids() {
+            let node = tape.node(id);
             let op = node.op.name();
-            let grad = tape.grads.get(i).copied().flatten().map_or(0, std::mem::size_of_val);
+            let grad = tape.grads.get(id).copied().flatten().map_or(0, std::mem::size_of_val);
             let entry = match ops.iter().position(|o| o.op == op) {
                 Some(k) => &mut ops[k],
                 None => {
@@ -112,6 +114,40 @@ impl<T: Float> Scope<'_, '_, T> {
         }
         ops.sort_by(|a, b| (b.value_bytes + b.grad_bytes).cmp(&(a.value_bytes + a.grad_bytes)).then(a.op.cmp(b.op)));
         MemoryReport { ops, tape_bytes, arena: self.core.arena.stats() }
+    }
+}
+
+impl<T: Float> Scope<'_, '_, T> {
+    /// The tape as text, one node a line, like SSA: `%7 = mul %3 %5 : [2, 3]`.
+    pub fn dump(&self) -> String {
+        use std::fmt::Write;
+        let tape = self.core.tape.borrow();
+        let mut s = String::new();
+        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
+            let _ = write!(s, "%{i} = {}", n.op.name());
+            tape.for_each_input(&n.op, |x| {
+                let _ = write!(s, " {x:?}");
+            });
+            let _ = writeln!(s, " : {}{}", n.shape, if n.requires_grad { " grad" } else { "" });
+        }
+        s
+    }
+
+    /// The tape in Graphviz DOT: one box per node with its op and shape; nodes that
+    /// require a gradient are filled.
+    pub fn to_dot(&self) -> String {
+        use std::fmt::Write;
+        let tape = self.core.tape.borrow();
+        let mut s = String::from("digraph tape {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n");
+        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
+            let style = if n.requires_grad { ", style=filled, fillcolor=lightblue" } else { "" };
+            let _ = writeln!(s, "  n{i} [label=\"%{i} {}\\n{}\"{style}];", n.op.name(), n.shape);
+            tape.for_each_input(&n.op, |x| {
+                let _ = writeln!(s, "  n{} -> n{i};", x.index());
+            });
+        }
+        s.push_str("}\n");
+        s
     }
 }
 

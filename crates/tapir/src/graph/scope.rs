@@ -16,12 +16,13 @@ use faer::Par;
 
 use crate::error::{Error, Loc, Result};
 use crate::graph::backward;
-use crate::graph::tape::{NodeView, Spare, Tape};
-use crate::graph::NodeId;
+use crate::graph::core::Core;
+use crate::graph::tape::{Spare, Tape};
+use crate::graph::Var;
 use crate::ops::Op;
 use crate::params::{GradBuffer, ParamId, ParamStore};
 use crate::shape::Shape;
-use crate::storage::{AllocFail, Arena, ArenaStats};
+use crate::storage::{Arena, ArenaStats};
 use crate::tensor::Tensor;
 use crate::Float;
 
@@ -177,12 +178,7 @@ impl<T: Float> Graph<T> {
         self.arena.reset();
         let out = {
             let scope = Scope {
-                core: Core {
-                    arena: &self.arena,
-                    tape: RefCell::new(Tape::from_spare(&mut self.spare)),
-                    par: self.par,
-                    anomaly: self.anomaly,
-                },
+                core: Core::new(&self.arena, Tape::from_spare(&mut self.spare), self.par, self.anomaly),
                 _env: PhantomData,
             };
             let out = f(&scope);
@@ -202,170 +198,6 @@ impl<T: Float> Graph<T> {
 pub struct Scope<'s, 'g: 's, T: Float = f32> {
     pub(crate) core: Core<'s, T>,
     _env: PhantomData<&'g mut &'g ()>,
-}
-
-/// The part of a scope that handles point at.
-#[derive(Debug)]
-pub struct Core<'s, T> {
-    pub(crate) arena: &'s Arena,
-    pub(crate) tape: RefCell<Tape<'s, T>>,
-    pub(crate) par: Par,
-    pub(crate) anomaly: bool,
-}
-
-/// A handle to a node of the scope `'s`: `Copy`, 16 bytes, usable with `+ - * /`.
-///
-/// Ops on handles never panic and never return `Result`: a caller's mistake (mismatched
-/// shapes, a bad axis, an index out of range, the arena limit) is recorded as the scope's
-/// first error, with the op, every shape and the caller's location, and every later op
-/// returns a poisoned handle. The error comes out of [`Scope::backward`],
-/// [`Var::value`], [`Var::item`] or [`Scope::check`]; see `docs/design.md` for why.
-#[derive(Clone, Copy)]
-pub struct Var<'s, T: Float = f32> {
-    pub(crate) core: &'s Core<'s, T>,
-    pub(crate) id: NodeId<'s>,
-}
-
-impl<T: Float> std::fmt::Debug for Var<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.id, self.shape())
-    }
-}
-
-/// What an op's recording closure sees: the tape so far and the arena.
-pub(crate) struct Rec<'a, 's, T> {
-    pub tape: &'a mut Tape<'s, T>,
-    arena: &'s Arena,
-    pub op: &'static str,
-    pub location: Loc,
-}
-
-impl<'s, T: Float> Rec<'_, 's, T> {
-    pub fn node(&self, id: NodeId<'s>) -> NodeView<'s, T> {
-        self.tape.node(id)
-    }
-
-    pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
-        self.tape.node(id).value
-    }
-
-    pub fn shape(&self, id: NodeId<'s>) -> Shape {
-        self.tape.shape(id)
-    }
-
-    fn alloc_err(&self, e: AllocFail) -> Error {
-        alloc_error(e, self.op, self.location)
-    }
-
-    /// A zeroed slice of `n` elements in the arena.
-    pub fn alloc(&self, n: usize) -> Result<&'s mut [T]> {
-        self.arena.alloc_zeroed(n).map_err(|e| self.alloc_err(e))
-    }
-
-    /// A slice filled from an exact-size iterator, in one pass.
-    pub fn alloc_iter<I>(&self, iter: I) -> Result<&'s mut [T]>
-    where
-        I: IntoIterator<Item = T>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        self.arena.alloc_iter(iter).map_err(|e| self.alloc_err(e))
-    }
-
-    /// Appends `items` to the tape's payload list and returns their offset.
-    pub fn extra(&mut self, items: impl IntoIterator<Item = u32>) -> Result<u32> {
-        let at = self.tape.extra.len();
-        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: self.op, len: at, location: self.location })?;
-        self.tape.extra.extend(items);
-        Ok(at)
-    }
-
-    /// Resolves a possibly negative axis against `shape`.
-    pub fn axis(&self, shape: Shape, axis: isize) -> Result<usize> {
-        resolve_axis(shape.rank(), axis).ok_or(Error::BadAxis { op: self.op, axis, shape, location: self.location })
-    }
-
-    /// A shape from dimensions, or the `InvalidShape` error naming this op and `input`.
-    pub fn shape_of(&self, input: Shape, dims: &[usize]) -> Result<Shape> {
-        crate::error::shape_at(self.op, input, dims, self.location)
-    }
-
-    pub fn invalid(&self, detail: String) -> Error {
-        Error::InvalidArgument { op: self.op, detail, location: self.location }
-    }
-}
-
-/// `axis` in `-rank..rank`, made non-negative.
-pub(crate) fn resolve_axis(rank: usize, axis: isize) -> Option<usize> {
-    let r = rank as isize;
-    let a = if axis < 0 { axis + r } else { axis };
-    (0..r).contains(&a).then_some(a as usize)
-}
-
-pub(crate) fn alloc_error(e: AllocFail, op: &'static str, location: Loc) -> Error {
-    match e {
-        AllocFail::Limit { requested, in_use, limit } => Error::ArenaLimit { op, requested, in_use, limit, location },
-        AllocFail::Oom { requested } => Error::OutOfMemory { op, requested, location },
-    }
-}
-
-impl<'s, T: Float> Core<'s, T> {
-    fn poison(&'s self) -> Var<'s, T> {
-        Var { core: self, id: NodeId::POISON }
-    }
-
-    /// Records one op: `f` checks the arguments, computes the value in the arena and
-    /// returns the node's op, shape and value. Errors poison the scope.
-    #[track_caller]
-    #[inline]
-    pub(crate) fn record(
-        &'s self,
-        op: &'static str,
-        f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
-    ) -> Var<'s, T> {
-        let location = Location::caller();
-        let mut tape = self.tape.borrow_mut();
-        if tape.error.is_some() {
-            return self.poison();
-        }
-        let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location });
-        let pushed = result.and_then(|(kind, shape, value)| {
-            // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
-            // the caller said so explicitly); every other node inherits it from its inputs.
-            let mut requires_grad = matches!(kind, Op::Variable | Op::Param(_));
-            if tape.no_grad == 0 {
-                kind.for_each_input(&tape.extra, |i| requires_grad |= tape.nodes[i.index()].requires_grad);
-            }
-            if self.anomaly {
-                if !value.iter().all(|v| v.is_finite()) {
-                    return Err(Error::NonFinite { op, phase: "forward", shape, location });
-                }
-                tape.locs.push(location);
-            }
-            tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
-        });
-        match pushed {
-            Ok(id) => Var { core: self, id },
-            Err(e) => {
-                tape.error = Some(e);
-                self.poison()
-            }
-        }
-    }
-
-    /// Records a leaf whose value is already in place.
-    #[track_caller]
-    pub(crate) fn leaf(&'s self, kind: Op<'s, T>, shape: Shape, value: &'s [T]) -> Var<'s, T> {
-        self.record("leaf", |_| Ok((kind, shape, value)))
-    }
-
-    /// Records the error `e` unless the scope already holds one, and returns a poisoned handle.
-    pub(crate) fn fail(&'s self, e: Error) -> Var<'s, T> {
-        let mut tape = self.tape.borrow_mut();
-        if tape.error.is_none() {
-            tape.error = Some(e);
-        }
-        self.poison()
-    }
 }
 
 impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
@@ -399,7 +231,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// A constant copied into the arena from `data`, with shape `dims`.
     #[track_caller]
     pub fn tensor(&'s self, data: &[T], dims: &[usize]) -> Var<'s, T> {
-        self.core.record("tensor", |r| {
+        self.core.record_as("tensor", |r| {
             let shape = r.shape_of(Shape::scalar(), dims)?;
             if data.len() != shape.numel() {
                 return Err(Error::DataLength { op: "tensor", len: data.len(), shape, location: r.location });
@@ -417,7 +249,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// A constant filled with `v`.
     #[track_caller]
     pub fn full(&'s self, dims: &[usize], v: T) -> Var<'s, T> {
-        self.core.record("full", |r| {
+        self.core.record_as("full", |r| {
             let shape = r.shape_of(Shape::scalar(), dims)?;
             let value = r.alloc(shape.numel())?;
             value.fill(v);
@@ -434,7 +266,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// A constant drawn from `N(0, 1)` with `rng`, in the arena.
     #[track_caller]
     pub fn randn<R: rand::Rng + ?Sized>(&'s self, dims: &[usize], rng: &mut R) -> Var<'s, T> {
-        self.core.record("randn", |r| {
+        self.core.record_as("randn", |r| {
             let shape = r.shape_of(Shape::scalar(), dims)?;
             let value = r.alloc(shape.numel())?;
             crate::tensor::fill_normal(value, rng);
@@ -505,7 +337,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 }
             }
         }
-        for (node, g) in tape.nodes.iter().zip(&tape.grads) {
+        for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
             if let (Op::Param(p), Some(g)) = (node.op, g) {
                 crate::kernels::add_assign(grads.slot_mut(p as usize), g);
             }
@@ -541,128 +373,5 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     pub fn stats(&self) -> GraphStats {
         let tape = self.core.tape.borrow();
         GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats() }
-    }
-
-    /// The tape as text, one node a line, like SSA: `%7 = mul %3 %5 : [2, 3]`.
-    pub fn dump(&self) -> String {
-        use std::fmt::Write;
-        let tape = self.core.tape.borrow();
-        let mut s = String::new();
-        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
-            let _ = write!(s, "%{i} = {}", n.op.name());
-            n.op.for_each_input(&tape.extra, |x| {
-                let _ = write!(s, " {x:?}");
-            });
-            let _ = writeln!(s, " : {}{}", n.shape, if n.requires_grad { " grad" } else { "" });
-        }
-        s
-    }
-
-    /// The tape in Graphviz DOT: one box per node with its op and shape; nodes that
-    /// require a gradient are filled.
-    pub fn to_dot(&self) -> String {
-        use std::fmt::Write;
-        let tape = self.core.tape.borrow();
-        let mut s = String::from("digraph tape {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n");
-        for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
-            let style = if n.requires_grad { ", style=filled, fillcolor=lightblue" } else { "" };
-            let _ = writeln!(s, "  n{i} [label=\"%{i} {}\\n{}\"{style}];", n.op.name(), n.shape);
-            n.op.for_each_input(&tape.extra, |x| {
-                let _ = writeln!(s, "  n{} -> n{i};", x.index());
-            });
-        }
-        s.push_str("}\n");
-        s
-    }
-}
-
-impl<'s, T: Float> Var<'s, T> {
-    /// The node's id on the tape (`%poison` after a failed op).
-    pub fn id(self) -> NodeId<'s> {
-        self.id
-    }
-
-    fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {
-        let tape = self.core.tape.borrow();
-        if let Some(e) = &tape.error {
-            return Err(e.clone());
-        }
-        Ok(f(&tape.node(self.id)))
-    }
-
-    /// The shape (`[]` for a poisoned handle).
-    pub fn shape(self) -> Shape {
-        self.with_node(|n| n.shape).unwrap_or(Shape::scalar())
-    }
-
-    /// Whether backward will compute a gradient for this node.
-    pub fn requires_grad(self) -> bool {
-        self.with_node(|n| n.requires_grad).unwrap_or(false)
-    }
-
-    /// The value, borrowed from the arena for the rest of the scope.
-    ///
-    /// # Errors
-    /// The scope's first error, if any op failed.
-    pub fn value(self) -> Result<&'s [T]> {
-        self.with_node(|n| n.value)
-    }
-
-    /// The single element of a one-element value.
-    ///
-    /// # Errors
-    /// The scope's first error; [`Error::NotScalar`] if the value has another size.
-    #[track_caller]
-    pub fn item(self) -> Result<T> {
-        let location = Location::caller();
-        let (shape, value) = self.with_node(|n| (n.shape, n.value))?;
-        match value {
-            [v] => Ok(*v),
-            _ => Err(Error::NotScalar { op: "item", shape, location }),
-        }
-    }
-
-    /// An owned copy of the value.
-    ///
-    /// # Errors
-    /// The scope's first error, if any op failed.
-    pub fn to_tensor(self) -> Result<Tensor<T>> {
-        let (shape, value) = self.with_node(|n| (n.shape, n.value))?;
-        Ok(Tensor::from_parts(value.to_vec(), shape))
-    }
-
-    /// The gradient from the last backward pass, or `None` if there was none, the node
-    /// requires no gradient, or no path from the loss reached it.
-    pub fn grad(self) -> Option<&'s [T]> {
-        let tape = self.core.tape.borrow();
-        if tape.error.is_some() {
-            return None;
-        }
-        tape.grads.get(self.id.index()).copied().flatten()
-    }
-
-    /// The gradient as an owned tensor of this node's shape (see [`grad`](Var::grad)).
-    pub fn grad_tensor(self) -> Option<Tensor<T>> {
-        let g = self.grad()?;
-        Some(Tensor::from_parts(g.to_vec(), self.shape()))
-    }
-
-    /// A leaf that shares this value (no copy) and requires no gradient.
-    #[track_caller]
-    pub fn detach(self) -> Var<'s, T> {
-        self.core.record("detach", |r| {
-            let n = r.node(self.id);
-            Ok((Op::Leaf, n.shape, n.value))
-        })
-    }
-
-    /// A new leaf that shares this value (no copy) and requests a gradient, like
-    /// PyTorch's `x.detach().requires_grad_()`.
-    #[track_caller]
-    pub fn with_grad(self) -> Var<'s, T> {
-        self.core.record("with_grad", |r| {
-            let n = r.node(self.id);
-            Ok((Op::Variable, n.shape, n.value))
-        })
     }
 }

@@ -8,8 +8,9 @@
 //! lifetime without reallocating (see [`recycle`]).
 
 use crate::error::{Error, Loc, Result};
+use crate::graph::id::NodeMap;
 use crate::graph::NodeId;
-use crate::ops::Op;
+use crate::ops::{Inputs, Op};
 use crate::shape::Shape;
 
 /// One recorded node. 40 bytes for `f32`.
@@ -43,8 +44,8 @@ pub(crate) struct Tape<'s, T> {
     pub extra: Vec<u32>,
     /// Where each node was recorded; filled only while anomaly detection is on.
     pub locs: Vec<Loc>,
-    /// Gradients after a backward pass, by node index (`None`: none reached the node).
-    pub grads: Vec<Option<&'s [T]>>,
+    /// Gradients after a backward pass (`None`: none reached the node).
+    pub grads: NodeMap<'s, Option<&'s [T]>>,
     /// The first error of the scope; every later op returns a poisoned handle.
     pub error: Option<Error>,
     /// Set by a backward pass that did not retain the tape.
@@ -79,7 +80,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             shapes: std::mem::take(&mut spare.shapes),
             extra: std::mem::take(&mut spare.extra),
             locs: std::mem::take(&mut spare.locs),
-            grads: recycle(std::mem::take(&mut spare.grads)),
+            grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
             error: None,
             consumed: false,
             no_grad: 0,
@@ -89,13 +90,48 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
     pub(crate) fn drain_into(&mut self, spare: &mut Spare<T>) {
         spare.nodes = recycle(std::mem::take(&mut self.nodes));
-        spare.grads = recycle(std::mem::take(&mut self.grads));
+        spare.grads = recycle(std::mem::take(&mut self.grads).into_vec());
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);
         spare.extra.clear();
         spare.locs = std::mem::take(&mut self.locs);
         spare.locs.clear();
+    }
+
+    /// The ids of every node, in tape order. With [`push`](Tape::push) and
+    /// [`stored_ids`](Tape::stored_ids), the only places that mint ids.
+    pub(crate) fn ids(&self) -> impl DoubleEndedIterator<Item = NodeId<'s>> {
+        // `push` keeps the length below u32::MAX.
+        (0..self.nodes.len() as u32).map(NodeId::new)
+    }
+
+    /// The ids from the first node through `last`, in tape order.
+    pub(crate) fn ids_through(&self, last: NodeId<'s>) -> impl DoubleEndedIterator<Item = NodeId<'s>> {
+        (0..=last.raw()).map(NodeId::new)
+    }
+
+    /// Stores `ids` in the payload list and returns their offset (see
+    /// [`stored_ids`](Tape::stored_ids)).
+    pub(crate) fn store_ids(&mut self, ids: impl IntoIterator<Item = NodeId<'s>>) -> Result<u32, usize> {
+        let at = self.extra.len();
+        let at = u32::try_from(at).map_err(|_| at)?;
+        self.extra.extend(ids.into_iter().map(NodeId::raw));
+        Ok(at)
+    }
+
+    /// The `count` ids stored by [`store_ids`](Tape::store_ids) at `at`.
+    pub(crate) fn stored_ids(&self, at: u32, count: u32) -> impl Iterator<Item = NodeId<'s>> + '_ {
+        self.extra[at as usize..at as usize + count as usize].iter().map(|&raw| NodeId::new(raw))
+    }
+
+    /// Calls `f` on every input of `op`, in order (an input used twice is visited twice).
+    #[inline]
+    pub(crate) fn for_each_input(&self, op: &Op<'s, T>, mut f: impl FnMut(NodeId<'s>)) {
+        match op.inputs() {
+            Inputs::Fixed(ids, n) => ids[..n].iter().for_each(|&x| f(x)),
+            Inputs::Stored { at, count } => self.stored_ids(at, count).for_each(f),
+        }
     }
 
     /// Appends a node and mints its id.
@@ -123,7 +159,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
     #[inline(never)]
     fn intern_slow(&mut self, shape: Shape, op: &Op<'s, T>) -> u32 {
         let mut found = None;
-        op.for_each_input(&self.extra, |x| {
+        self.for_each_input(op, |x| {
             let at = self.nodes[x.index()].shape;
             if found.is_none() && self.shapes[at as usize] == shape {
                 found = Some(at);
@@ -133,6 +169,12 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             self.shapes.push(shape);
             (self.shapes.len() - 1) as u32
         })
+    }
+
+    /// Node `id` with its shape, or `None` for an id this tape never minted (the poisoned
+    /// handle's).
+    pub(crate) fn get(&self, id: NodeId<'s>) -> Option<NodeView<'s, T>> {
+        self.nodes.get(id.index()).map(|n| self.view(n))
     }
 
     /// Node `id` with its shape.

@@ -2,6 +2,7 @@
 //! slices in, slices out. Graph ops and eager [`Tensor`](crate::Tensor) ops share them.
 
 pub(crate) mod matmul;
+pub(crate) mod scalar;
 
 use crate::shape::{Shape, MAX_RANK};
 use crate::Float;
@@ -144,6 +145,33 @@ pub(crate) fn binary_grad<T: Float>(
     }
 }
 
+/// Something that applies a scalar function to every element: a recording that fills the
+/// arena, an eager tensor op that fills a vector. [`UnaryFn::forward`](crate::UnaryFn)
+/// hands each function's formula to one, so the formula is written once and every caller
+/// gets a loop monomorphised for it.
+pub(crate) trait ElementMap<T> {
+    /// What the mapping produces.
+    type Out;
+    /// Applies `f` to every element.
+    fn map(self, f: impl Fn(T) -> T) -> Self::Out;
+}
+
+/// As [`ElementMap`] for a binary function `f(a, b)`.
+pub(crate) trait PairMap<T> {
+    /// What the mapping produces.
+    type Out;
+    /// Applies `f` to every pair.
+    fn map(self, f: impl Fn(T, T) -> T) -> Self::Out;
+}
+
+/// As [`ElementMap`] for a derivative `f'(x, y)` of `y = f(x)`.
+pub(crate) trait GradMap<T> {
+    /// What the mapping produces.
+    type Out;
+    /// Applies `d` to every `(x, y)` pair.
+    fn map(self, d: impl Fn(T, T) -> T) -> Self::Out;
+}
+
 /// `out[i] = f(x[i])`.
 #[inline]
 pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
@@ -165,14 +193,6 @@ pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: 
 pub(crate) fn add_assign<T: Float>(dst: &mut [T], src: &[T]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d += s;
-    }
-}
-
-/// `dst[i] += c · src[i]`.
-#[inline]
-pub(crate) fn axpy<T: Float>(dst: &mut [T], c: T, src: &[T]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += c * s;
     }
 }
 

@@ -1,90 +1,186 @@
-//! Elementwise binary ops with NumPy broadcasting: `add`, `sub`, `mul`, `div`, `pow`,
-//! `maximum`, `minimum`, and the operators `+ - * /` between handles and with scalars.
+//! Elementwise binary ops with NumPy broadcasting, one table: each row of
+//! [`binary_fns!`] gives a function's variant, its name, its forward formula and the
+//! derivative with respect to each input, side by side. Also the operators `+ - * /`
+//! between handles and with scalars.
 //!
 //! Forward, for `out = f(a, b)` with `a` and `b` broadcast to `out`'s shape.
 //! Backward, with `dout = ∂L/∂out`, summed over every dimension along which the input was
 //! broadcast:
 //!
-//! | op        | `da +=`                    | `db +=`                          |
-//! |-----------|----------------------------|----------------------------------|
-//! | `a + b`   | `dout`                     | `dout`                           |
-//! | `a - b`   | `dout`                     | `-dout`                          |
-//! | `a * b`   | `dout ⊙ b`                 | `dout ⊙ a`                       |
-//! | `a / b`   | `dout / b`                 | `-dout ⊙ a / b²`                 |
-//! | `a ^ b`   | `dout ⊙ b ⊙ a^(b-1)`       | `dout ⊙ a^b ⊙ ln a` (0 where a ≤ 0) |
-//! | `max`     | `dout` where `a > b`, half on ties | `dout` where `b > a`, half on ties |
+//! | op         | `out`            | `da +=`                    | `db +=`                          |
+//! |------------|------------------|----------------------------|----------------------------------|
+//! | `add`      | `a + b`          | `dout`                     | `dout`                           |
+//! | `sub`      | `a - b`          | `dout`                     | `-dout`                          |
+//! | `mul`      | `a * b`          | `dout ⊙ b`                 | `dout ⊙ a`                       |
+//! | `div`      | `a / b`          | `dout / b`                 | `-dout ⊙ a / b²`                 |
+//! | `pow`      | `a ^ b`          | `dout ⊙ b ⊙ a^(b-1)`, 0 where `b = 0` | `dout ⊙ a^b ⊙ ln a` (0 where a ≤ 0) |
+//! | `maximum`  | the larger       | `dout` where `a > b`, half on ties | `dout` where `b > a`, half on ties |
+//! | `minimum`  | the smaller      | `dout` where `a < b`, half on ties | `dout` where `b < a`, half on ties |
 //!
-//! Both inputs stay in the arena during backward, so nothing extra is saved.
+//! `maximum` and `minimum` propagate a NaN from either input, and a NaN input gets the
+//! whole `dout`, as in PyTorch. Both inputs stay in the arena during backward, so nothing
+//! extra is saved.
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
 use crate::graph::{NodeId, Var};
-use crate::kernels;
-use crate::ops::Op;
+use crate::kernels::{self, PairMap};
+use crate::ops::{Op, OpKind};
+use crate::record::{BackwardCtx, Rec};
+use crate::shape::Shape;
 use crate::Float;
+
+macro_rules! binary_fns {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident $name:literal: |$a:ident, $b:ident| $forward:expr,
+            da |$ga:ident, $xa:ident, $ya:ident| $da:expr,
+            db |$gb:ident, $xb:ident, $yb:ident| $db:expr;
+    )*) => {
+        /// An elementwise binary function with broadcasting: the kind of `a + b`,
+        /// [`pow`](Var::pow), [`maximum`](Var::maximum), ...
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum BinaryFn {
+            $($(#[$doc])* $f,)*
+        }
+
+        impl BinaryFn {
+            /// Every function, in table order.
+            pub const ALL: &'static [BinaryFn] = &[$(BinaryFn::$f),*];
+
+            /// The name of the method (or operator's method) that records it.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(BinaryFn::$f => $name,)*
+                }
+            }
+
+            /// Hands `m` the function's scalar forward formula.
+            #[inline]
+            pub(crate) fn forward<T: Float, M: PairMap<T>>(self, m: M) -> M::Out {
+                match self {
+                    $(BinaryFn::$f => m.map(|$a: T, $b: T| $forward),)*
+                }
+            }
+
+            /// `da += g(dout, a, b)`, summed over `a`'s broadcast dimensions.
+            #[inline]
+            fn grad_a<T: Float>(self, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
+                match self {
+                    $(BinaryFn::$f => kernels::binary_grad(dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
+                }
+            }
+
+            /// `db += g(dout, a, b)`, summed over `b`'s broadcast dimensions.
+            #[inline]
+            fn grad_b<T: Float>(self, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
+                // `binary_grad` sums into its second operand, so `b` goes there.
+                match self {
+                    $(BinaryFn::$f => kernels::binary_grad(dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
+                }
+            }
+        }
+    };
+}
+
+binary_fns! {
+    /// `a + b`.
+    Add "add": |a, b| a + b, da |d, _a, _b| d, db |d, _a, _b| d;
+    /// `a - b`.
+    Sub "sub": |a, b| a - b, da |d, _a, _b| d, db |d, _a, _b| -d;
+    /// `a ⊙ b`.
+    Mul "mul": |a, b| a * b, da |d, _a, b| d * b, db |d, a, _b| d * a;
+    /// `a / b`.
+    Div "div": |a, b| a / b, da |d, _a, b| d / b, db |d, a, b| -d * a / (b * b);
+    /// `a ^ b`.
+    Pow "pow": |a, b| a.powf(b),
+        da |d, a, b| if b == T::ZERO { T::ZERO } else { d * b * a.powf(b - T::ONE) },
+        db |d, a, b| if a > T::ZERO { d * a.powf(b) * a.ln() } else { T::ZERO };
+    /// The larger of `a` and `b`; NaN if either is.
+    Maximum "maximum": |a, b| if a.is_nan() || a > b { a } else { b },
+        da |d, a, b| if a == b { d * T::from_f64(0.5) } else if a < b { T::ZERO } else { d },
+        db |d, a, b| if a == b { d * T::from_f64(0.5) } else if a > b { T::ZERO } else { d };
+    /// The smaller of `a` and `b`; NaN if either is.
+    Minimum "minimum": |a, b| if a.is_nan() || a < b { a } else { b },
+        da |d, a, b| if a == b { d * T::from_f64(0.5) } else if a > b { T::ZERO } else { d },
+        db |d, a, b| if a == b { d * T::from_f64(0.5) } else if a < b { T::ZERO } else { d };
+}
+
+/// Recording: equal shapes fill the output in one pass; broadcasting goes through the
+/// broadcast kernel.
+struct Record<'r, 'a, 's, T> {
+    r: &'r Rec<'a, 's, T>,
+    a: (&'s [T], Shape),
+    b: (&'s [T], Shape),
+    out: Shape,
+}
+
+impl<'s, T: Float> PairMap<T> for Record<'_, '_, 's, T> {
+    type Out = Result<&'s mut [T]>;
+    #[inline]
+    fn map(self, f: impl Fn(T, T) -> T) -> Self::Out {
+        let ((a, sa), (b, sb), so) = (self.a, self.b, self.out);
+        if sa == so && sb == so {
+            return self.r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
+        }
+        let out = self.r.alloc(so.numel())?;
+        kernels::binary((a, &sa), (b, &sb), (&mut *out, &so), f);
+        Ok(out)
+    }
+}
 
 impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     #[inline]
-    fn binary(
-        self,
-        other: Var<'s, T>,
-        name: &'static str,
-        op: fn(NodeId<'s>, NodeId<'s>) -> Op<'s, T>,
-        f: impl Fn(T, T) -> T,
-    ) -> Var<'s, T> {
-        self.core.record(name, |r| {
+    fn binary(self, other: Var<'s, T>, f: BinaryFn) -> Var<'s, T> {
+        self.core.record(OpKind::Binary(f), |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(other.id));
-            let so = sa.broadcast(&sb).ok_or(Error::Broadcast { op: name, lhs: sa, rhs: sb, location: r.location })?;
-            let (a, b) = (r.value(self.id), r.value(other.id));
-            let out = if sa == so && sb == so {
-                r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)))?
-            } else {
-                let out = r.alloc(so.numel())?;
-                kernels::binary((a, &sa), (b, &sb), (&mut *out, &so), f);
-                out
-            };
-            Ok((op(self.id, other.id), so, out))
+            let so = sa.broadcast(&sb).ok_or(Error::Broadcast { op: r.op, lhs: sa, rhs: sb, location: r.location })?;
+            let (a, b) = ((r.value(self.id), sa), (r.value(other.id), sb));
+            let out = f.forward(Record { r, a, b, out: so })?;
+            Ok((Op::Binary { f, a: self.id, b: other.id }, so, out))
         })
     }
 
     /// `self ^ e` elementwise, with broadcasting.
     #[track_caller]
     pub fn pow(self, e: Var<'s, T>) -> Var<'s, T> {
-        self.binary(e, "pow", |a, b| Op::Pow { a, b }, |x, y| x.powf(y))
+        self.binary(e, BinaryFn::Pow)
     }
 
-    /// The elementwise maximum, with broadcasting; on ties the gradient is split evenly.
+    /// The elementwise maximum, with broadcasting; on ties the gradient is split evenly,
+    /// and a NaN in either input gives NaN.
     #[track_caller]
     pub fn maximum(self, other: Var<'s, T>) -> Var<'s, T> {
-        self.binary(other, "maximum", |a, b| Op::Maximum { a, b }, |x, y| if y > x { y } else { x })
+        self.binary(other, BinaryFn::Maximum)
     }
 
-    /// The elementwise minimum, with broadcasting; on ties the gradient is split evenly.
+    /// The elementwise minimum, with broadcasting; on ties the gradient is split evenly,
+    /// and a NaN in either input gives NaN.
     #[track_caller]
     pub fn minimum(self, other: Var<'s, T>) -> Var<'s, T> {
-        self.binary(other, "minimum", |a, b| Op::Minimum { a, b }, |x, y| if y < x { y } else { x })
+        self.binary(other, BinaryFn::Minimum)
     }
 }
 
 macro_rules! operator {
-    ($trait:ident, $method:ident, $name:literal, $variant:ident, $f:expr) => {
+    ($trait:ident, $method:ident, $variant:ident) => {
         impl<'s, T: Float> $trait for Var<'s, T> {
             type Output = Var<'s, T>;
             #[track_caller]
             fn $method(self, rhs: Var<'s, T>) -> Var<'s, T> {
-                self.binary(rhs, $name, |a, b| Op::$variant { a, b }, $f)
+                self.binary(rhs, BinaryFn::$variant)
             }
         }
     };
 }
 
-operator!(Add, add, "add", Add, |x, y| x + y);
-operator!(Sub, sub, "sub", Sub, |x, y| x - y);
-operator!(Mul, mul, "mul", Mul, |x, y| x * y);
-operator!(Div, div, "div", Div, |x, y| x / y);
+operator!(Add, add, Add);
+operator!(Sub, sub, Sub);
+operator!(Mul, mul, Mul);
+operator!(Div, div, Div);
 
 impl<'s, T: Float> Add<T> for Var<'s, T> {
     type Output = Var<'s, T>;
@@ -162,96 +258,22 @@ macro_rules! scalar_lhs {
 scalar_lhs!(f32);
 scalar_lhs!(f64);
 
-/// Runs `ga` into `da` and `gb` into `db`: `g(dout, this input, the other input)`.
-fn backward_with<'s, T: Float>(
+/// `da += ∂f/∂a ⊙ dout` and `db += ∂f/∂b ⊙ dout`, each summed over its broadcast dimensions.
+pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
+    f: BinaryFn,
     a: NodeId<'s>,
     b: NodeId<'s>,
-    ga: impl Fn(T, T, T) -> T,
-    gb: impl Fn(T, T, T) -> T,
 ) -> Result<()> {
     let (so, sa, sb) = (ctx.shape(out), ctx.shape(a), ctx.shape(b));
     let (va, vb) = (ctx.value(a), ctx.value(b));
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {
-        kernels::binary_grad((dout, &so), (va, &sa), (vb, &sb), da, ga);
+        f.grad_a((dout, &so), (va, &sa), (vb, &sb), da);
     }
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
-        kernels::binary_grad((dout, &so), (vb, &sb), (va, &sa), db, gb);
+        f.grad_b((dout, &so), (va, &sa), (vb, &sb), db);
     }
     Ok(())
-}
-
-pub(crate) fn backward_add<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<()> {
-    backward_with(ctx, out, a, b, |d, _, _| d, |d, _, _| d)
-}
-
-pub(crate) fn backward_sub<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<()> {
-    backward_with(ctx, out, a, b, |d, _, _| d, |d, _, _| -d)
-}
-
-pub(crate) fn backward_mul<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<()> {
-    backward_with(ctx, out, a, b, |d, _, y| d * y, |d, _, x| d * x)
-}
-
-pub(crate) fn backward_div<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<()> {
-    backward_with(ctx, out, a, b, |d, _, y| d / y, |d, y, x| -d * x / (y * y))
-}
-
-pub(crate) fn backward_pow<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<()> {
-    backward_with(
-        ctx,
-        out,
-        a,
-        b,
-        |d, x, e| if e == T::ZERO { T::ZERO } else { d * e * x.powf(e - T::ONE) },
-        |d, e, x| if x > T::ZERO { d * x.powf(e) * x.ln() } else { T::ZERO },
-    )
-}
-
-/// Maximum (`max == true`) or minimum: the gradient goes to the selected input, half each on ties.
-pub(crate) fn backward_select<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-    max: bool,
-) -> Result<()> {
-    let half = T::from_f64(0.5);
-    let pick = move |d: T, this: T, other: T| {
-        if this == other {
-            d * half
-        } else if (this > other) == max {
-            d
-        } else {
-            T::ZERO
-        }
-    };
-    backward_with(ctx, out, a, b, pick, pick)
 }

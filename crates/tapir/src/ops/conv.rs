@@ -24,10 +24,11 @@
 //! list as `[kh, kw, sh, sw, ph, pw]` and the variant keeps their offset.
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
-use crate::graph::scope::Rec;
+use std::ops::Range;
+
 use crate::graph::{NodeId, Var};
-use crate::ops::Op;
+use crate::ops::{Op, OpKind};
+use crate::record::{BackwardCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -67,15 +68,18 @@ impl Window {
         Window::new(x, [p(0), p(1), p(2), p(3), p(4), p(5)]).expect("the window was checked when the op was recorded")
     }
 
-    /// The input index of kernel offset `a` at output row `oi`, or `None` in the padding.
+    /// The kernel rows `a` whose input row `oi·sh + a − ph` lies inside the input: the
+    /// window clipped to the input, so that a kernel far larger than the input costs no
+    /// more than the input.
     #[inline]
-    fn row(&self, oi: usize, a: usize) -> Option<usize> {
-        (oi * self.sh + a).checked_sub(self.ph).filter(|&i| i < self.h)
+    fn rows(&self, oi: usize) -> Range<usize> {
+        clip(oi * self.sh, self.ph, self.h, self.kh)
     }
 
+    /// As [`rows`](Window::rows) for kernel columns at output column `oj`.
     #[inline]
-    fn col(&self, oj: usize, b: usize) -> Option<usize> {
-        (oj * self.sw + b).checked_sub(self.pw).filter(|&j| j < self.w)
+    fn cols(&self, oj: usize) -> Range<usize> {
+        clip(oj * self.sw, self.pw, self.w, self.kw)
     }
 
     /// Calls `f(plane, o, i)` for every output position `o` of every `(n, c)` plane and
@@ -85,14 +89,14 @@ impl Window {
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
         for plane in 0..self.n * self.c {
             for oi in 0..self.oh {
+                let rows = self.rows(oi);
                 for oj in 0..self.ow {
                     let o = plane * ohw + oi * self.ow + oj;
-                    for a in 0..self.kh {
-                        let Some(i) = self.row(oi, a) else { continue };
-                        for b in 0..self.kw {
-                            if let Some(j) = self.col(oj, b) {
-                                f(plane, o, plane * hw + i * self.w + j);
-                            }
+                    let cols = self.cols(oj);
+                    for a in rows.clone() {
+                        let i = oi * self.sh + a - self.ph;
+                        for b in cols.clone() {
+                            f(plane, o, plane * hw + i * self.w + oj * self.sw + b - self.pw);
                         }
                     }
                 }
@@ -108,15 +112,13 @@ impl Window {
         for n in 0..self.n {
             for c in 0..self.c {
                 let plane = (n * self.c + c) * self.h * self.w;
-                for a in 0..self.kh {
-                    for b in 0..self.kw {
-                        let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
-                        for oi in 0..self.oh {
-                            let Some(i) = self.row(oi, a) else { continue };
-                            for oj in 0..self.ow {
-                                if let Some(j) = self.col(oj, b) {
-                                    f(row + oi * self.ow + oj, plane + i * self.w + j);
-                                }
+                for oi in 0..self.oh {
+                    for a in self.rows(oi) {
+                        let i = oi * self.sh + a - self.ph;
+                        for oj in 0..self.ow {
+                            for b in self.cols(oj) {
+                                let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
+                                f(row + oi * self.ow + oj, plane + i * self.w + oj * self.sw + b - self.pw);
                             }
                         }
                     }
@@ -124,6 +126,14 @@ impl Window {
             }
         }
     }
+}
+
+/// The kernel offsets `a` in `0..k` with `start + a − pad` in `0..len`.
+#[inline]
+fn clip(start: usize, pad: usize, len: usize, k: usize) -> Range<usize> {
+    let lo = pad.saturating_sub(start).min(k);
+    let hi = (len + pad).saturating_sub(start).min(k);
+    lo..hi.max(lo)
 }
 
 /// Checks the window arguments of `op` on `x`; stores them in `extra`; returns the window
@@ -145,6 +155,11 @@ fn record_window<T: Float>(
         });
     }
     let g = [kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]];
+    if g.iter().any(|&v| u32::try_from(v).is_err()) {
+        return Err(r.invalid(format!(
+            "kernel {kernel:?}, stride {stride:?} and padding {padding:?} must each be below 2^32 (input shape {x})"
+        )));
+    }
     if kernel.contains(&0) || stride.contains(&0) {
         return Err(r.invalid(format!("kernel {kernel:?} and stride {stride:?} must be positive (input shape {x})")));
     }
@@ -153,7 +168,7 @@ fn record_window<T: Float>(
             "padding {padding:?} must be at most half the kernel {kernel:?}, so that no window is all padding (input shape {x})"
         )));
     }
-    let Some(win) = Window::new(x, g).filter(|_| g.iter().all(|&v| u32::try_from(v).is_ok())) else {
+    let Some(win) = Window::new(x, g) else {
         return Err(Error::InvalidShape {
             op: r.op,
             shape: x,
@@ -179,7 +194,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// input; [`Error::InvalidArgument`] for a zero kernel or stride.
     #[track_caller]
     pub fn im2col(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
-        self.core.record("im2col", |r| {
+        self.core.record(OpKind::Im2Col, |r| {
             let sx = r.shape(self.id);
             let (win, at) = record_window(r, sx, kernel, stride, padding, false)?;
             // Saturating: an overflowing product is rejected by `shape_of`, not a panic.
@@ -202,14 +217,19 @@ impl<'s, T: Float> Var<'s, T> {
     /// half the kernel.
     #[track_caller]
     pub fn max_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
-        self.core.record("max_pool2d", |r| {
+        self.core.record(OpKind::MaxPool2d, |r| {
             let sx = r.shape(self.id);
             let (win, at) = record_window(r, sx, kernel, stride, padding, true)?;
             let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
             out.fill(T::neg_infinity());
-            win.for_each_tap(|_, o, i| out[o] = out[o].max(x[i]));
+            // A NaN in the window wins and stays (PyTorch).
+            win.for_each_tap(|_, o, i| {
+                if !out[o].is_nan() && (x[i] > out[o] || x[i].is_nan()) {
+                    out[o] = x[i];
+                }
+            });
             Ok((Op::MaxPool2d { x: self.id, geom: at }, so, out))
         })
     }
@@ -223,7 +243,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// As [`max_pool2d`](Var::max_pool2d).
     #[track_caller]
     pub fn avg_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
-        self.core.record("avg_pool2d", |r| {
+        self.core.record(OpKind::AvgPool2d, |r| {
             let sx = r.shape(self.id);
             let (win, at) = record_window(r, sx, kernel, stride, padding, true)?;
             let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
@@ -246,13 +266,15 @@ impl<'s, T: Float> Var<'s, T> {
     /// as [`im2col`](Var::im2col).
     #[track_caller]
     pub fn conv2d(self, w: Var<'s, T>, stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        let _name = self.core.composite("conv2d");
         let (sx, sw) = (self.shape(), w.shape());
         if sw.rank() != 4 || sx.rank() != 4 || sx.dim(1) != sw.dim(1) {
-            return self.core.fail(Error::InvalidShape {
-                op: "conv2d",
+            let location = std::panic::Location::caller();
+            return self.core.fail_as("conv2d", |op| Error::InvalidShape {
+                op,
                 shape: sx,
                 detail: format!("needs input [N, C, H, W] and weights [O, C, kh, kw] with equal C, got weights {sw}"),
-                location: std::panic::Location::caller(),
+                location,
             });
         }
         let (o, c, kh, kw) = (sw.dim(0), sw.dim(1), sw.dim(2), sw.dim(3));
@@ -289,11 +311,12 @@ pub(crate) fn backward_max_pool2d<'s, T: Float>(
     let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, 6));
     let (xv, yv) = (ctx.value(x), ctx.value(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        // The first position equal to the window's maximum gets the gradient. Taps come
+        // The first position equal to the window's maximum (the first NaN, for a NaN
+        // maximum) gets the gradient. Taps come
         // window by window, so remembering the last window served is enough.
         let mut served = usize::MAX;
         win.for_each_tap(|_, o, i| {
-            if served != o && xv[i] == yv[o] {
+            if served != o && (xv[i] == yv[o] || (xv[i].is_nan() && yv[o].is_nan())) {
                 dx[i] += dout[o];
                 served = o;
             }

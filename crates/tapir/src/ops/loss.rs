@@ -8,11 +8,10 @@
 //! - `mse_loss(a, b)`: `mean((a − b)²)`, composed from `sub`, `square` and `mean`.
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
-use crate::graph::scope::Rec;
 use crate::graph::{NodeId, Var};
-use crate::ops::unary::{sigmoid, softplus};
-use crate::ops::Op;
+use crate::kernels::scalar::{sigmoid, softplus};
+use crate::ops::{Op, OpKind};
+use crate::record::{BackwardCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -52,7 +51,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::IndexOutOfRange`] for a label `≥ C` (both recorded).
     #[track_caller]
     pub fn cross_entropy(self, labels: &[usize]) -> Var<'s, T> {
-        self.core.record("cross_entropy", |r| {
+        self.core.record(OpKind::CrossEntropy, |r| {
             let shape = r.shape(self.id);
             let (n, c, at) = labels_for(r, shape, labels)?;
             let x = r.value(self.id);
@@ -72,13 +71,13 @@ impl<'s, T: Float> Var<'s, T> {
     /// As [`cross_entropy`](Var::cross_entropy).
     #[track_caller]
     pub fn nll_loss(self, labels: &[usize]) -> Var<'s, T> {
-        self.core.record("nll_loss", |r| {
+        self.core.record(OpKind::NllLoss, |r| {
             let shape = r.shape(self.id);
             let (n, c, at) = labels_for(r, shape, labels)?;
             let x = r.value(self.id);
             let total: T = labels.iter().enumerate().map(|(i, &y)| x[i * c + y]).sum();
             let out = r.alloc_iter(std::iter::once(-total / T::from_usize(n)))?;
-            Ok((Op::Nll { logp: self.id, labels: at }, Shape::scalar(), out))
+            Ok((Op::NllLoss { logp: self.id, labels: at }, Shape::scalar(), out))
         })
     }
 
@@ -89,10 +88,11 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::ShapeMismatch`] (recorded) if the shapes differ.
     #[track_caller]
     pub fn bce_with_logits(self, y: Var<'s, T>) -> Var<'s, T> {
-        let each = self.core.record("bce_with_logits", |r| {
+        let _name = self.core.composite("bce_with_logits");
+        let each = self.core.record(OpKind::BceWithLogits, |r| {
             let (sx, sy) = (r.shape(self.id), r.shape(y.id));
             if sx != sy {
-                return Err(Error::ShapeMismatch { op: "bce_with_logits", lhs: sx, rhs: sy, location: r.location });
+                return Err(Error::ShapeMismatch { op: r.op, lhs: sx, rhs: sy, location: r.location });
             }
             let (x, t) = (r.value(self.id), r.value(y.id));
             let out = r.alloc_iter(x.iter().zip(t).map(|(&x, &t)| softplus(x) - x * t))?;
@@ -104,6 +104,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// Mean squared error `mean((self − target)²)`; shapes broadcast.
     #[track_caller]
     pub fn mse_loss(self, target: Var<'s, T>) -> Var<'s, T> {
+        let _name = self.core.composite("mse_loss");
         (self - target).square().mean()
     }
 }

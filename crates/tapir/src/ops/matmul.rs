@@ -7,10 +7,10 @@
 //! and `Accum::Add` into the existing gradient buffers, so `x · x` gets both terms.
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
 use crate::graph::{NodeId, Var};
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
-use crate::ops::Op;
+use crate::ops::{Op, OpKind};
+use crate::record::BackwardCtx;
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -22,7 +22,7 @@ impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     pub fn matmul(self, b: Var<'s, T>) -> Var<'s, T> {
         let par = self.core.par;
-        self.core.record("matmul", |r| {
+        self.core.record(OpKind::MatMul, |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(b.id));
             let (dims, so) =
                 MatMulDims::new(&sa, &sb).ok_or(Error::MatMulShape { lhs: sa, rhs: sb, location: r.location })?;

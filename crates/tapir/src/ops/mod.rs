@@ -1,9 +1,24 @@
-//! The op set. `enum Op` names every node kind; each family file holds the recording
-//! methods (forward), the backward functions and the tests, side by side.
+//! The op set. [`OpKind`] is the table of op kinds and their names; `enum Op` is what a
+//! tape node records. Each family file holds, side by side, the recording methods
+//! (forward), the kernel calls and the derivatives of its variants:
+//!
+//! | file           | kinds                                                                     |
+//! |----------------|---------------------------------------------------------------------------|
+//! | `unary.rs`     | every elementwise `y = f(x)`: one [`UnaryFn`] table, name + forward + `f'` |
+//! | `binary.rs`    | every broadcasting `out = f(a, b)`: one [`BinaryFn`] table                 |
+//! | `matmul.rs`    | `matmul`                                                                  |
+//! | `shape_ops.rs` | `reshape`, `permute`, `broadcast_to`, `narrow`, `concat`, `index_select`, `where` |
+//! | `reduce.rs`    | `sum`, `sum_axes`, `max_axes`, `min_axes`, `logsumexp`                    |
+//! | `softmax.rs`   | `softmax`, `log_softmax`                                                  |
+//! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
+//! | `conv.rs`      | `im2col`, `max_pool2d`, `avg_pool2d`                                      |
 //!
 //! Variants hold `NodeId`s and small `Copy` scalars. Variable-length payloads (concat
-//! inputs, indices, labels) live in the tape's `extra` list of `u32`s, and the variant
-//! keeps the offset, so that a node stays at 64 bytes for `f32`.
+//! inputs, indices, labels, window geometry) live in the tape's `extra` list of `u32`s and
+//! the variant keeps the offset, so that `Op` stays at 16 bytes for `f32`.
+//!
+//! Ops depend on the recording/backward toolkit in [`crate::record`], never on the tape's
+//! or the scope's internals; the tape and the backward walk depend on `Op`.
 
 pub(crate) mod binary;
 pub(crate) mod conv;
@@ -14,115 +29,126 @@ pub(crate) mod shape_ops;
 pub(crate) mod softmax;
 pub(crate) mod unary;
 
+pub use binary::BinaryFn;
+pub use unary::UnaryFn;
+
+use crate::error::Result;
 use crate::graph::NodeId;
+use crate::record::BackwardCtx;
+use crate::Float;
+
+macro_rules! op_kinds {
+    ($($(#[$doc:meta])* $kind:ident => $name:literal,)*) => {
+        /// Every kind of node a tape can hold: the table that names ops in errors, anomaly
+        /// reports, [`Scope::dump`](crate::Scope::dump), [`Scope::to_dot`](crate::Scope::to_dot)
+        /// and [`Scope::memory_report`](crate::Scope::memory_report), and that backward
+        /// dispatches on. Elementwise kinds carry their function.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum OpKind {
+            /// An elementwise unary function.
+            Unary(UnaryFn),
+            /// An elementwise binary function with broadcasting.
+            Binary(BinaryFn),
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl OpKind {
+            /// The name the caller knows the op by: the method that records it.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    OpKind::Unary(f) => f.name(),
+                    OpKind::Binary(f) => f.name(),
+                    $(OpKind::$kind => $name,)*
+                }
+            }
+
+            /// Every kind, the elementwise ones once per function.
+            pub fn all() -> impl Iterator<Item = OpKind> {
+                UnaryFn::ALL
+                    .iter()
+                    .map(|&f| OpKind::Unary(f))
+                    .chain(BinaryFn::ALL.iter().map(|&f| OpKind::Binary(f)))
+                    .chain([$(OpKind::$kind),*])
+            }
+        }
+    };
+}
+
+op_kinds! {
+    /// An input, a constant, a detached value or anything recorded under `no_grad`.
+    Leaf => "leaf",
+    /// A gradient-requesting leaf supplied by the caller.
+    Variable => "variable",
+    /// A parameter of a [`ParamStore`](crate::ParamStore).
+    Param => "param",
+    /// Batched matrix product.
+    MatMul => "matmul",
+    /// The same elements under another shape (also squeeze, unsqueeze, flatten).
+    Reshape => "reshape",
+    /// Axis permutation (also transpose).
+    Permute => "permute",
+    /// NumPy broadcast to a larger shape.
+    BroadcastTo => "broadcast_to",
+    /// A contiguous range along one axis.
+    Narrow => "narrow",
+    /// Joining along an axis (also stack).
+    Concat => "concat",
+    /// Gathering along an axis (embedding lookup).
+    IndexSelect => "index_select",
+    /// Elementwise choice by a condition.
+    Where => "where",
+    /// Sum of all elements.
+    Sum => "sum",
+    /// Sum along one axis.
+    SumAxis => "sum_axes",
+    /// Maximum along one axis.
+    MaxAxis => "max_axes",
+    /// Minimum along one axis.
+    MinAxis => "min_axes",
+    /// `ln Σ exp` along one axis.
+    LogSumExp => "logsumexp",
+    /// Softmax along one axis.
+    Softmax => "softmax",
+    /// Log-softmax along one axis.
+    LogSoftmax => "log_softmax",
+    /// Softmax cross-entropy against class labels.
+    CrossEntropy => "cross_entropy",
+    /// Negative log-likelihood against class labels.
+    NllLoss => "nll_loss",
+    /// Binary cross-entropy with logits, elementwise.
+    BceWithLogits => "bce_with_logits",
+    /// Sliding windows unrolled to columns.
+    Im2Col => "im2col",
+    /// 2-D max pooling.
+    MaxPool2d => "max_pool2d",
+    /// 2-D average pooling.
+    AvgPool2d => "avg_pool2d",
+}
 
 /// One recorded operation.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op<'s, T> {
-    /// An input, a constant, a detached value or anything recorded under `no_grad`.
     Leaf,
-    /// A gradient-requesting leaf supplied by the caller (not a parameter).
     Variable,
     /// A parameter from a [`ParamStore`](crate::ParamStore), by index.
     Param(u32),
-    Add {
+    /// `y = f(x)`; `c` holds the function's scalar arguments (unused ones are zero).
+    Unary {
+        f: UnaryFn,
+        x: NodeId<'s>,
+        c: [T; 2],
+    },
+    Binary {
+        f: BinaryFn,
         a: NodeId<'s>,
         b: NodeId<'s>,
-    },
-    Sub {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    Mul {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    Div {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    Pow {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    Maximum {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    Minimum {
-        a: NodeId<'s>,
-        b: NodeId<'s>,
-    },
-    AddScalar {
-        x: NodeId<'s>,
-    },
-    MulScalar {
-        x: NodeId<'s>,
-        c: T,
-    },
-    PowScalar {
-        x: NodeId<'s>,
-        p: T,
-    },
-    Neg {
-        x: NodeId<'s>,
-    },
-    Exp {
-        x: NodeId<'s>,
-    },
-    Log {
-        x: NodeId<'s>,
-    },
-    Sqrt {
-        x: NodeId<'s>,
-    },
-    Square {
-        x: NodeId<'s>,
-    },
-    Recip {
-        x: NodeId<'s>,
-    },
-    Abs {
-        x: NodeId<'s>,
-    },
-    Sin {
-        x: NodeId<'s>,
-    },
-    Cos {
-        x: NodeId<'s>,
-    },
-    Tanh {
-        x: NodeId<'s>,
-    },
-    Sigmoid {
-        x: NodeId<'s>,
-    },
-    Relu {
-        x: NodeId<'s>,
-    },
-    LeakyRelu {
-        x: NodeId<'s>,
-        slope: T,
-    },
-    GeluTanh {
-        x: NodeId<'s>,
-    },
-    GeluErf {
-        x: NodeId<'s>,
-    },
-    Softplus {
-        x: NodeId<'s>,
-    },
-    Clamp {
-        x: NodeId<'s>,
-        lo: T,
-        hi: T,
     },
     MatMul {
         a: NodeId<'s>,
         b: NodeId<'s>,
     },
-    /// Also squeeze and unsqueeze; the value aliases the input's.
+    /// The value aliases the input's.
     Reshape {
         x: NodeId<'s>,
     },
@@ -133,12 +159,12 @@ pub(crate) enum Op<'s, T> {
     BroadcastTo {
         x: NodeId<'s>,
     },
-    Slice {
+    Narrow {
         x: NodeId<'s>,
         axis: u8,
         start: u32,
     },
-    /// Inputs are `extra[first..first + count]`.
+    /// Inputs are the ids stored at `first` (see `Tape::stored_ids`).
     Concat {
         first: u32,
         count: u32,
@@ -188,7 +214,7 @@ pub(crate) enum Op<'s, T> {
         labels: u32,
     },
     /// Labels as for `CrossEntropy`; `logp` holds log-probabilities.
-    Nll {
+    NllLoss {
         logp: NodeId<'s>,
         labels: u32,
     },
@@ -213,61 +239,70 @@ pub(crate) enum Op<'s, T> {
     },
 }
 
+/// Where an op's inputs are: in the variant, or stored on the tape (see `Tape::for_each_input`).
+pub(crate) enum Inputs<'s> {
+    /// The first `n` of the ids.
+    Fixed([NodeId<'s>; 3], usize),
+    /// `count` ids stored at `at`.
+    Stored { at: u32, count: u32 },
+}
+
 impl<'s, T> Op<'s, T> {
-    /// Calls `f` on every input, in order (an input used twice is visited twice).
-    pub(crate) fn for_each_input(&self, extra: &[u32], mut f: impl FnMut(NodeId<'s>)) {
+    /// The op's kind, from which its name comes.
+    pub(crate) fn kind(&self) -> OpKind {
         use Op::*;
         match *self {
-            Leaf | Variable | Param(_) => {}
-            Add { a, b }
-            | Sub { a, b }
-            | Mul { a, b }
-            | Div { a, b }
-            | Pow { a, b }
-            | Maximum { a, b }
-            | Minimum { a, b }
-            | MatMul { a, b } => {
-                f(a);
-                f(b);
-            }
-            BceWithLogits { x, y } => {
-                f(x);
-                f(y);
-            }
-            Where { cond, a, b } => {
-                f(cond);
-                f(a);
-                f(b);
-            }
-            Concat { first, count, .. } => {
-                for &raw in &extra[first as usize..(first + count) as usize] {
-                    f(NodeId::new(raw));
-                }
-            }
-            AddScalar { x }
-            | MulScalar { x, .. }
-            | PowScalar { x, .. }
-            | Neg { x }
-            | Exp { x }
-            | Log { x }
-            | Sqrt { x }
-            | Square { x }
-            | Recip { x }
-            | Abs { x }
-            | Sin { x }
-            | Cos { x }
-            | Tanh { x }
-            | Sigmoid { x }
-            | Relu { x }
-            | LeakyRelu { x, .. }
-            | GeluTanh { x }
-            | GeluErf { x }
-            | Softplus { x }
-            | Clamp { x, .. }
+            Leaf => OpKind::Leaf,
+            Variable => OpKind::Variable,
+            Param(_) => OpKind::Param,
+            Unary { f, .. } => OpKind::Unary(f),
+            Binary { f, .. } => OpKind::Binary(f),
+            MatMul { .. } => OpKind::MatMul,
+            Reshape { .. } => OpKind::Reshape,
+            Permute { .. } => OpKind::Permute,
+            BroadcastTo { .. } => OpKind::BroadcastTo,
+            Narrow { .. } => OpKind::Narrow,
+            Concat { .. } => OpKind::Concat,
+            IndexSelect { .. } => OpKind::IndexSelect,
+            Where { .. } => OpKind::Where,
+            Sum { .. } => OpKind::Sum,
+            SumAxis { .. } => OpKind::SumAxis,
+            MaxAxis { .. } => OpKind::MaxAxis,
+            MinAxis { .. } => OpKind::MinAxis,
+            LogSumExp { .. } => OpKind::LogSumExp,
+            Softmax { .. } => OpKind::Softmax,
+            LogSoftmax { .. } => OpKind::LogSoftmax,
+            CrossEntropy { .. } => OpKind::CrossEntropy,
+            NllLoss { .. } => OpKind::NllLoss,
+            BceWithLogits { .. } => OpKind::BceWithLogits,
+            Im2Col { .. } => OpKind::Im2Col,
+            MaxPool2d { .. } => OpKind::MaxPool2d,
+            AvgPool2d { .. } => OpKind::AvgPool2d,
+        }
+    }
+
+    /// The op's public name, as in error messages and graph dumps.
+    pub(crate) fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Where the inputs are, in order (an input used twice appears twice).
+    #[inline]
+    pub(crate) fn inputs(&self) -> Inputs<'s> {
+        use Op::*;
+        let one = |x| Inputs::Fixed([x; 3], 1);
+        let two = |a, b| Inputs::Fixed([a, b, b], 2);
+        match *self {
+            Leaf | Variable | Param(_) => Inputs::Fixed([NodeId::POISON; 3], 0),
+            Binary { a, b, .. } | MatMul { a, b } => two(a, b),
+            BceWithLogits { x, y } => two(x, y),
+            Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
+            Concat { first, count, .. } => Inputs::Stored { at: first, count },
+            Unary { x, .. }
             | Reshape { x }
             | Permute { x, .. }
             | BroadcastTo { x }
-            | Slice { x, .. }
+            | Narrow { x, .. }
             | IndexSelect { x, .. }
             | Sum { x }
             | SumAxis { x, .. }
@@ -278,67 +313,42 @@ impl<'s, T> Op<'s, T> {
             | LogSoftmax { x, .. }
             | Im2Col { x, .. }
             | MaxPool2d { x, .. }
-            | AvgPool2d { x, .. } => f(x),
-            CrossEntropy { logits, .. } => f(logits),
-            Nll { logp, .. } => f(logp),
+            | AvgPool2d { x, .. } => one(x),
+            CrossEntropy { logits, .. } => one(logits),
+            NllLoss { logp, .. } => one(logp),
         }
     }
+}
 
-    /// The op's public name, as in error messages and graph dumps.
-    pub(crate) fn name(&self) -> &'static str {
+impl<'s, T: Float> Op<'s, T> {
+    /// Adds this node's contribution to its inputs' gradients: `out` is the node's id.
+    /// A flat, exhaustive match: a new variant does not compile until it has a backward.
+    pub(crate) fn backward(self, ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>) -> Result<()> {
         use Op::*;
         match self {
-            Leaf => "leaf",
-            Variable => "variable",
-            Param(_) => "param",
-            Add { .. } => "add",
-            Sub { .. } => "sub",
-            Mul { .. } => "mul",
-            Div { .. } => "div",
-            Pow { .. } => "pow",
-            Maximum { .. } => "maximum",
-            Minimum { .. } => "minimum",
-            AddScalar { .. } => "add_scalar",
-            MulScalar { .. } => "mul_scalar",
-            PowScalar { .. } => "pow_scalar",
-            Neg { .. } => "neg",
-            Exp { .. } => "exp",
-            Log { .. } => "log",
-            Sqrt { .. } => "sqrt",
-            Square { .. } => "square",
-            Recip { .. } => "recip",
-            Abs { .. } => "abs",
-            Sin { .. } => "sin",
-            Cos { .. } => "cos",
-            Tanh { .. } => "tanh",
-            Sigmoid { .. } => "sigmoid",
-            Relu { .. } => "relu",
-            LeakyRelu { .. } => "leaky_relu",
-            GeluTanh { .. } => "gelu_tanh",
-            GeluErf { .. } => "gelu",
-            Softplus { .. } => "softplus",
-            Clamp { .. } => "clamp",
-            MatMul { .. } => "matmul",
-            Reshape { .. } => "reshape",
-            Permute { .. } => "permute",
-            BroadcastTo { .. } => "broadcast_to",
-            Slice { .. } => "slice",
-            Concat { .. } => "concat",
-            IndexSelect { .. } => "index_select",
-            Where { .. } => "where",
-            Sum { .. } => "sum",
-            SumAxis { .. } => "sum_axis",
-            MaxAxis { .. } => "max",
-            MinAxis { .. } => "min",
-            LogSumExp { .. } => "logsumexp",
-            Softmax { .. } => "softmax",
-            LogSoftmax { .. } => "log_softmax",
-            CrossEntropy { .. } => "cross_entropy",
-            Nll { .. } => "nll",
-            BceWithLogits { .. } => "bce_with_logits",
-            Im2Col { .. } => "im2col",
-            MaxPool2d { .. } => "max_pool2d",
-            AvgPool2d { .. } => "avg_pool2d",
+            Leaf | Variable | Param(_) => Ok(()),
+            Unary { f, x, c } => unary::backward(ctx, out, f, x, c),
+            Binary { f, a, b } => binary::backward(ctx, out, f, a, b),
+            MatMul { a, b } => matmul::backward(ctx, out, a, b),
+            Reshape { x } => shape_ops::backward_reshape(ctx, out, x),
+            Permute { x, axes } => shape_ops::backward_permute(ctx, out, x, axes),
+            BroadcastTo { x } => shape_ops::backward_broadcast(ctx, out, x),
+            Narrow { x, axis, start } => shape_ops::backward_narrow(ctx, out, x, axis, start),
+            Concat { first, count, axis } => shape_ops::backward_concat(ctx, out, first, count, axis),
+            IndexSelect { x, axis, idx } => shape_ops::backward_index_select(ctx, out, x, axis, idx),
+            Where { cond, a, b } => shape_ops::backward_where(ctx, out, cond, a, b),
+            Sum { x } => reduce::backward_sum(ctx, out, x),
+            SumAxis { x, axis } => reduce::backward_sum_axis(ctx, out, x, axis),
+            MaxAxis { x, axis } | MinAxis { x, axis } => reduce::backward_select_axis(ctx, out, x, axis),
+            LogSumExp { x, axis } => reduce::backward_logsumexp(ctx, out, x, axis),
+            Softmax { x, axis } => softmax::backward(ctx, out, x, axis, false),
+            LogSoftmax { x, axis } => softmax::backward(ctx, out, x, axis, true),
+            CrossEntropy { logits, labels } => loss::backward_cross_entropy(ctx, out, logits, labels),
+            NllLoss { logp, labels } => loss::backward_nll(ctx, out, logp, labels),
+            BceWithLogits { x, y } => loss::backward_bce(ctx, out, x, y),
+            Im2Col { x, geom } => conv::backward_im2col(ctx, out, x, geom),
+            MaxPool2d { x, geom } => conv::backward_max_pool2d(ctx, out, x, geom),
+            AvgPool2d { x, geom } => conv::backward_avg_pool2d(ctx, out, x, geom),
         }
     }
 }

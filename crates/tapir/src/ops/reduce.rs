@@ -10,19 +10,18 @@
 //! per axis; `mean = sum / n`; `var = Σ (x − mean)² / (n − correction)`.
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
-use crate::graph::scope::resolve_axis;
 use crate::graph::{NodeId, Var};
 use crate::kernels;
-use crate::ops::Op;
-use crate::shape::Shape;
+use crate::ops::{Op, OpKind};
+use crate::record::BackwardCtx;
+use crate::shape::{resolve_axis, Shape, MAX_RANK};
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
     /// Sum of all elements (shape `[]`).
     #[track_caller]
     pub fn sum(self) -> Var<'s, T> {
-        self.core.record("sum", |r| {
+        self.core.record(OpKind::Sum, |r| {
             let out = r.alloc_iter(std::iter::once(kernels::sum(r.value(self.id))))?;
             Ok((Op::Sum { x: self.id }, Shape::scalar(), out))
         })
@@ -31,107 +30,150 @@ impl<'s, T: Float> Var<'s, T> {
     /// Mean of all elements (shape `[]`; NaN for an empty tensor, as in PyTorch).
     #[track_caller]
     pub fn mean(self) -> Var<'s, T> {
+        let _name = self.core.composite("mean");
         let n = self.shape().numel();
         self.sum().mul_scalar(T::ONE / T::from_usize(n))
     }
 
+    /// One primitive reduction of axis `ax` (already resolved), kept as size 1.
     #[track_caller]
-    fn axis_op(self, name: &'static str, axis: isize, op: fn(NodeId<'s>, u8) -> Op<'s, T>) -> Var<'s, T> {
-        self.core.record(name, |r| {
+    fn axis_op(self, kind: OpKind, ax: usize, op: fn(NodeId<'s>, u8) -> Op<'s, T>) -> Var<'s, T> {
+        self.core.record(kind, |r| {
             let shape = r.shape(self.id);
-            let ax = r.axis(shape, axis)?;
             let dims = shape.split_at_axis(ax);
-            let out_shape = shape.with_dim(ax, 1).expect("a smaller dimension cannot overflow");
-            let x = r.value(self.id);
             let kind = op(self.id, ax as u8);
             if dims.1 == 0 && !matches!(kind, Op::SumAxis { .. }) {
                 return Err(Error::InvalidShape {
-                    op: name,
+                    op: r.op,
                     shape,
-                    detail: format!("cannot reduce over axis {axis}, which has size 0"),
+                    detail: format!("cannot reduce over axis {ax}, which has size 0"),
                     location: r.location,
                 });
             }
+            // Checked: a size-0 axis of a tensor whose other dimensions are huge becomes
+            // size 1, and the product of the rest may not fit.
+            let out_shape = r.shape_of(
+                shape,
+                &{
+                    let mut d = shape.to_array();
+                    d[ax] = 1;
+                    d
+                }[..shape.rank()],
+            )?;
             let out = r.alloc(out_shape.numel())?;
-            match kind {
-                Op::SumAxis { .. } => kernels::sum_axis(x, dims, out),
-                Op::MaxAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v > best || v.is_nan()),
-                Op::MinAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v < best || v.is_nan()),
-                _ => kernels::logsumexp_axis(x, dims, out),
+            if out_shape.numel() > 0 && dims.1 > 0 {
+                let x = r.value(self.id);
+                match kind {
+                    Op::SumAxis { .. } => kernels::sum_axis(x, dims, out),
+                    Op::MaxAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v > best || v.is_nan()),
+                    Op::MinAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v < best || v.is_nan()),
+                    _ => kernels::logsumexp_axis(x, dims, out),
+                }
             }
             Ok((kind, out_shape, out))
         })
+    }
+
+    /// Resolves `axes` against `shape`: a mask of the axes, or the error naming `op` (a bad
+    /// axis, or one given twice: PyTorch's "dim appears multiple times").
+    #[track_caller]
+    fn resolve_axes(self, op: &'static str, axes: &[isize]) -> std::result::Result<[bool; MAX_RANK], Error> {
+        let shape = self.shape();
+        let location = std::panic::Location::caller();
+        let op = self.core.op_name(op);
+        let mut mask = [false; MAX_RANK];
+        for &a in axes {
+            let ax = resolve_axis(shape.rank(), a).ok_or(Error::BadAxis { op, axis: a, shape, location })?;
+            if std::mem::replace(&mut mask[ax], true) {
+                return Err(Error::InvalidArgument {
+                    op,
+                    detail: format!("axis {a} appears more than once in {axes:?} (input shape {shape})"),
+                    location,
+                });
+            }
+        }
+        Ok(mask)
     }
 
     /// Applies a one-axis reduction to each of `axes`, then drops them unless `keepdim`.
     #[track_caller]
     fn reduce_axes(
         self,
-        name: &'static str,
+        kind: OpKind,
         axes: &[isize],
         keepdim: bool,
         op: fn(NodeId<'s>, u8) -> Op<'s, T>,
     ) -> Var<'s, T> {
         let shape = self.shape();
-        let mut resolved = [false; crate::shape::MAX_RANK];
-        for &a in axes {
-            match resolve_axis(shape.rank(), a) {
-                Some(ax) => resolved[ax] = true,
-                None => {
-                    return self.core.fail(Error::BadAxis {
-                        op: name,
-                        axis: a,
-                        shape,
-                        location: std::panic::Location::caller(),
-                    });
-                }
-            }
-        }
+        let mask = match self.resolve_axes(kind.name(), axes) {
+            Ok(mask) => mask,
+            Err(e) => return self.core.fail(e),
+        };
         let mut v = self;
-        for ax in (0..shape.rank()).filter(|&ax| resolved[ax]) {
-            v = v.axis_op(name, ax as isize, op);
+        for ax in (0..shape.rank()).filter(|&ax| mask[ax]) {
+            v = v.axis_op(kind, ax, op);
         }
         if keepdim {
             return v;
         }
-        let mut dims = [0usize; crate::shape::MAX_RANK];
+        let mut dims = [0usize; MAX_RANK];
         let mut kept = 0;
-        for ax in (0..shape.rank()).filter(|&ax| !resolved[ax]) {
+        for ax in (0..shape.rank()).filter(|&ax| !mask[ax]) {
             dims[kept] = shape.dim(ax);
             kept += 1;
         }
         v.reshape(&dims[..kept])
     }
 
-    /// Sum over `axes` (negative counts from the end); keeps them as size 1 if `keepdim`.
-    #[track_caller]
-    pub fn sum_axes(self, axes: &[isize], keepdim: bool) -> Var<'s, T> {
-        self.reduce_axes("sum", axes, keepdim, |x, axis| Op::SumAxis { x, axis })
+    /// The number of elements reduced over `axes` (1 if the axes are invalid: the
+    /// reduction itself reports that).
+    fn count_over(self, axes: &[isize]) -> usize {
+        let shape = self.shape();
+        let mut mask = [false; MAX_RANK];
+        for &a in axes {
+            if let Some(ax) = resolve_axis(shape.rank(), a) {
+                mask[ax] = true;
+            }
+        }
+        (0..shape.rank()).filter(|&ax| mask[ax]).map(|ax| shape.dim(ax)).product()
     }
 
-    /// Mean over `axes`.
+    /// Sum over `axes` (negative counts from the end); keeps them as size 1 if `keepdim`.
+    ///
+    /// # Errors
+    /// [`Error::BadAxis`] for an axis out of range, [`Error::InvalidArgument`] for an axis
+    /// given twice (both recorded).
+    #[track_caller]
+    pub fn sum_axes(self, axes: &[isize], keepdim: bool) -> Var<'s, T> {
+        self.reduce_axes(OpKind::SumAxis, axes, keepdim, |x, axis| Op::SumAxis { x, axis })
+    }
+
+    /// Mean over `axes`. Errors as for [`sum_axes`](Var::sum_axes).
     #[track_caller]
     pub fn mean_axes(self, axes: &[isize], keepdim: bool) -> Var<'s, T> {
-        let shape = self.shape();
-        let n: usize = axes.iter().filter_map(|&a| resolve_axis(shape.rank(), a)).map(|a| shape.dim(a)).product();
+        let _name = self.core.composite("mean_axes");
+        let n = self.count_over(axes);
         self.sum_axes(axes, keepdim).mul_scalar(T::ONE / T::from_usize(n))
     }
 
-    /// Maximum over `axes`; the gradient goes to the first maximal element.
+    /// Maximum over `axes`; the gradient goes to the first maximal element (a NaN counts
+    /// as maximal and propagates).
     #[track_caller]
     pub fn max_axes(self, axes: &[isize], keepdim: bool) -> Var<'s, T> {
-        self.reduce_axes("max", axes, keepdim, |x, axis| Op::MaxAxis { x, axis })
+        self.reduce_axes(OpKind::MaxAxis, axes, keepdim, |x, axis| Op::MaxAxis { x, axis })
     }
 
-    /// Minimum over `axes`; the gradient goes to the first minimal element.
+    /// Minimum over `axes`; the gradient goes to the first minimal element (a NaN counts
+    /// as minimal and propagates).
     #[track_caller]
     pub fn min_axes(self, axes: &[isize], keepdim: bool) -> Var<'s, T> {
-        self.reduce_axes("min", axes, keepdim, |x, axis| Op::MinAxis { x, axis })
+        self.reduce_axes(OpKind::MinAxis, axes, keepdim, |x, axis| Op::MinAxis { x, axis })
     }
 
     /// Maximum of all elements (shape `[]`).
     #[track_caller]
     pub fn max(self) -> Var<'s, T> {
+        let _name = self.core.composite("max");
         let n = self.shape().numel();
         self.reshape(&[n]).max_axes(&[0], false)
     }
@@ -139,6 +181,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// Minimum of all elements (shape `[]`).
     #[track_caller]
     pub fn min(self) -> Var<'s, T> {
+        let _name = self.core.composite("min");
         let n = self.shape().numel();
         self.reshape(&[n]).min_axes(&[0], false)
     }
@@ -146,15 +189,15 @@ impl<'s, T: Float> Var<'s, T> {
     /// `ln Σ exp(x)` along `axis`, computed stably.
     #[track_caller]
     pub fn logsumexp(self, axis: isize, keepdim: bool) -> Var<'s, T> {
-        self.reduce_axes("logsumexp", &[axis], keepdim, |x, axis| Op::LogSumExp { x, axis })
+        self.reduce_axes(OpKind::LogSumExp, &[axis], keepdim, |x, axis| Op::LogSumExp { x, axis })
     }
 
     /// Variance over `axes` with Bessel's `correction` (1 gives PyTorch's default, the
-    /// unbiased estimate; 0 the population variance).
+    /// unbiased estimate; 0 the population variance). Errors as for [`sum_axes`](Var::sum_axes).
     #[track_caller]
     pub fn var(self, axes: &[isize], keepdim: bool, correction: usize) -> Var<'s, T> {
-        let shape = self.shape();
-        let n: usize = axes.iter().filter_map(|&a| resolve_axis(shape.rank(), a)).map(|a| shape.dim(a)).product();
+        let _name = self.core.composite("var");
+        let n = self.count_over(axes);
         let centered = self - self.mean_axes(axes, true);
         let denom = T::from_usize(n.saturating_sub(correction));
         centered.square().sum_axes(axes, keepdim).mul_scalar(T::ONE / denom)

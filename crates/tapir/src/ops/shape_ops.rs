@@ -15,12 +15,11 @@
 use std::panic::Location;
 
 use crate::error::{Error, Result};
-use crate::graph::backward::BackwardCtx;
-use crate::graph::scope::resolve_axis;
 use crate::graph::{NodeId, Scope, Var};
 use crate::kernels;
-use crate::ops::Op;
-use crate::shape::MAX_RANK;
+use crate::ops::{Op, OpKind};
+use crate::record::{BackwardCtx, Rec};
+use crate::shape::{resolve_axis, MAX_RANK};
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -30,12 +29,12 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::InvalidShape`] (recorded) if the element counts differ.
     #[track_caller]
     pub fn reshape(self, dims: &[usize]) -> Var<'s, T> {
-        self.core.record("reshape", |r| {
+        self.core.record(OpKind::Reshape, |r| {
             let n = r.node(self.id);
             let shape = r.shape_of(n.shape, dims)?;
             if shape.numel() != n.shape.numel() {
                 return Err(Error::InvalidShape {
-                    op: "reshape",
+                    op: r.op,
                     shape: n.shape,
                     detail: format!(
                         "cannot view {} elements as {dims:?} ({} elements)",
@@ -52,19 +51,24 @@ impl<'s, T: Float> Var<'s, T> {
     /// Removes `axis`, which must have size 1.
     #[track_caller]
     pub fn squeeze(self, axis: isize) -> Var<'s, T> {
+        let _name = self.core.composite("squeeze");
         let shape = self.shape();
         match resolve_axis(shape.rank(), axis) {
             Some(ax) if shape.dim(ax) == 1 => {
                 let kept = shape.without(ax);
                 self.reshape(&kept.to_array()[..kept.rank()])
             }
-            _ => self.core.fail(Error::BadAxis { op: "squeeze", axis, shape, location: Location::caller() }),
+            _ => {
+                let location = Location::caller();
+                self.core.fail_as("squeeze", |op| Error::BadAxis { op, axis, shape, location })
+            }
         }
     }
 
     /// Inserts a dimension of size 1 before `axis` (`-1` appends one at the end).
     #[track_caller]
     pub fn unsqueeze(self, axis: isize) -> Var<'s, T> {
+        let _name = self.core.composite("unsqueeze");
         let shape = self.shape();
         match resolve_axis(shape.rank() + 1, axis) {
             Some(ax) => {
@@ -75,7 +79,10 @@ impl<'s, T: Float> Var<'s, T> {
                 }
                 self.reshape(&dims[..shape.rank() + 1])
             }
-            None => self.core.fail(Error::BadAxis { op: "unsqueeze", axis, shape, location: Location::caller() }),
+            None => {
+                let location = Location::caller();
+                self.core.fail_as("unsqueeze", |op| Error::BadAxis { op, axis, shape, location })
+            }
         }
     }
 
@@ -85,14 +92,14 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::InvalidShape`] (recorded) unless `axes` is a permutation of `0..rank`.
     #[track_caller]
     pub fn permute(self, axes: &[usize]) -> Var<'s, T> {
-        self.core.record("permute", |r| {
+        self.core.record(OpKind::Permute, |r| {
             let sx = r.shape(self.id);
             let mut seen = [false; MAX_RANK];
             let valid = axes.len() == sx.rank()
                 && axes.iter().all(|&a| a < sx.rank() && !std::mem::replace(&mut seen[a], true));
             if !valid {
                 return Err(Error::InvalidShape {
-                    op: "permute",
+                    op: r.op,
                     shape: sx,
                     detail: format!("axes {axes:?} are not a permutation of 0..{}", sx.rank()),
                     location: r.location,
@@ -116,6 +123,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// Swaps two axes.
     #[track_caller]
     pub fn transpose(self, a0: isize, a1: isize) -> Var<'s, T> {
+        let _name = self.core.composite("transpose");
         let shape = self.shape();
         match (resolve_axis(shape.rank(), a0), resolve_axis(shape.rank(), a1)) {
             (Some(x), Some(y)) => {
@@ -124,10 +132,12 @@ impl<'s, T: Float> Var<'s, T> {
                 self.permute(&axes[..shape.rank()])
             }
             (None, _) => {
-                self.core.fail(Error::BadAxis { op: "transpose", axis: a0, shape, location: Location::caller() })
+                let location = Location::caller();
+                self.core.fail_as("transpose", |op| Error::BadAxis { op, axis: a0, shape, location })
             }
             (_, None) => {
-                self.core.fail(Error::BadAxis { op: "transpose", axis: a1, shape, location: Location::caller() })
+                let location = Location::caller();
+                self.core.fail_as("transpose", |op| Error::BadAxis { op, axis: a1, shape, location })
             }
         }
     }
@@ -135,17 +145,18 @@ impl<'s, T: Float> Var<'s, T> {
     /// Swaps the last two axes (the matrix transpose of each batch element).
     #[track_caller]
     pub fn t(self) -> Var<'s, T> {
+        let _name = self.core.composite("t");
         self.transpose(-2, -1)
     }
 
     /// Broadcasts to `dims` by NumPy rules (copying).
     #[track_caller]
     pub fn broadcast_to(self, dims: &[usize]) -> Var<'s, T> {
-        self.core.record("broadcast_to", |r| {
+        self.core.record(OpKind::BroadcastTo, |r| {
             let sx = r.shape(self.id);
             let target = r.shape_of(sx, dims)?;
             if sx.rank() > target.rank() || sx.broadcast(&target) != Some(target) {
-                return Err(Error::Broadcast { op: "broadcast_to", lhs: sx, rhs: target, location: r.location });
+                return Err(Error::Broadcast { op: r.op, lhs: sx, rhs: target, location: r.location });
             }
             let out = r.alloc(target.numel())?;
             let x = r.value(self.id);
@@ -160,13 +171,13 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::BadAxis`] or [`Error::IndexOutOfRange`] (recorded).
     #[track_caller]
     pub fn narrow(self, axis: isize, start: usize, len: usize) -> Var<'s, T> {
-        self.core.record("narrow", |r| {
+        self.core.record(OpKind::Narrow, |r| {
             let sx = r.shape(self.id);
             let ax = r.axis(sx, axis)?;
             let end = start.checked_add(len).filter(|&e| e <= sx.dim(ax));
             if end.is_none() {
                 return Err(Error::IndexOutOfRange {
-                    op: "narrow",
+                    op: r.op,
                     index: start.saturating_add(len),
                     len: sx.dim(ax),
                     shape: sx,
@@ -181,7 +192,7 @@ impl<'s, T: Float> Var<'s, T> {
                 let src = (o * lx + start) * inner;
                 out[o * len * inner..(o + 1) * len * inner].copy_from_slice(&x[src..src + len * inner]);
             }
-            Ok((Op::Slice { x: self.id, axis: ax as u8, start: start as u32 }, so, out))
+            Ok((Op::Narrow { x: self.id, axis: ax as u8, start: start as u32 }, so, out))
         })
     }
 
@@ -192,18 +203,12 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::BadAxis`] or [`Error::IndexOutOfRange`] (recorded).
     #[track_caller]
     pub fn index_select(self, axis: isize, indices: &[usize]) -> Var<'s, T> {
-        self.core.record("index_select", |r| {
+        self.core.record(OpKind::IndexSelect, |r| {
             let sx = r.shape(self.id);
             let ax = r.axis(sx, axis)?;
             let len = sx.dim(ax);
             if let Some(&bad) = indices.iter().find(|&&i| i >= len) {
-                return Err(Error::IndexOutOfRange {
-                    op: "index_select",
-                    index: bad,
-                    len,
-                    shape: sx,
-                    location: r.location,
-                });
+                return Err(Error::IndexOutOfRange { op: r.op, index: bad, len, shape: sx, location: r.location });
             }
             let so = r.shape_of(
                 sx,
@@ -230,9 +235,9 @@ impl<'s, T: Float> Var<'s, T> {
 
     #[track_caller]
     fn compare(self, other: Var<'s, T>, name: &'static str, f: impl Fn(T, T) -> bool) -> Var<'s, T> {
-        self.core.record(name, |r| {
+        self.core.record_as(name, |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(other.id));
-            let so = sa.broadcast(&sb).ok_or(Error::Broadcast { op: name, lhs: sa, rhs: sb, location: r.location })?;
+            let so = sa.broadcast(&sb).ok_or(Error::Broadcast { op: r.op, lhs: sa, rhs: sb, location: r.location })?;
             let out = r.alloc(so.numel())?;
             let one = |x, y| if f(x, y) { T::ONE } else { T::ZERO };
             kernels::binary((r.value(self.id), &sa), (r.value(other.id), &sb), (out, &so), one);
@@ -278,73 +283,41 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// [`Error::ShapeList`], [`Error::BadAxis`] or [`Error::InvalidArgument`] for an empty list (recorded).
     #[track_caller]
     pub fn concat(&'s self, xs: &[Var<'s, T>], axis: isize) -> Var<'s, T> {
-        self.concat_with(xs.len(), |k| xs[k].id, axis)
-    }
-
-    /// Concatenates the `n` nodes `id(0), ..., id(n - 1)`.
-    #[track_caller]
-    fn concat_with(&'s self, n: usize, id: impl Fn(usize) -> NodeId<'s>, axis: isize) -> Var<'s, T> {
-        self.core.record("concat", |r| {
-            if n == 0 {
-                return Err(r.invalid("needs at least one tensor, got an empty list".into()));
-            }
-            let s0 = r.shape(id(0));
-            let ax = r.axis(s0, axis)?;
-            let mut total = 0usize;
-            for k in 0..n {
-                let s = r.shape(id(k));
-                if s.rank() != s0.rank() || (0..s0.rank()).any(|d| d != ax && s.dim(d) != s0.dim(d)) {
-                    let shapes = (0..n).map(|k| r.shape(id(k))).collect();
-                    return Err(Error::ShapeList { op: "concat", shapes, axis: ax, location: r.location });
-                }
-                total += s.dim(ax);
-            }
-            let so = r.shape_of(
-                s0,
-                &{
-                    let mut d = s0.to_array();
-                    d[ax] = total;
-                    d
-                }[..s0.rank()],
-            )?;
-            let count = u32::try_from(n).map_err(|_| r.invalid(format!("{n} inputs exceed the u32 limit")))?;
-            let at = r.extra((0..n).map(|k| id(k).raw()))?;
-            let out = r.alloc(so.numel())?;
-            let (outer, _, inner) = so.split_at_axis(ax);
-            let mut offset = 0;
-            for k in 0..n {
-                let len = r.shape(id(k)).dim(ax);
-                let v = r.value(id(k));
-                for o in 0..outer {
-                    let dst = (o * total + offset) * inner;
-                    out[dst..dst + len * inner].copy_from_slice(&v[o * len * inner..(o + 1) * len * inner]);
-                }
-                offset += len;
-            }
-            Ok((Op::Concat { first: at, count, axis: ax as u8 }, so, out))
+        self.core.record(OpKind::Concat, |r| {
+            let first = r.store_ids(xs.iter().map(|x| x.id))?;
+            concat_stored(r, first, xs.len(), axis)
         })
     }
 
     /// Stacks equal-shaped `xs` along a new axis `axis`.
     #[track_caller]
     pub fn stack(&'s self, xs: &[Var<'s, T>], axis: isize) -> Var<'s, T> {
-        // Each unsqueeze records exactly one node, so the copies sit at consecutive ids
-        // from `first` on (if one fails, the scope holds the error and concat stops).
-        let first = self.core.tape.borrow().nodes.len();
+        let _name = self.core.composite("stack");
+        // Each unsqueezed copy's id goes straight to the tape's payload list, where concat
+        // reads its inputs: no list of handles is built on the heap.
+        let first = self.core.tape.borrow().extra.len();
         for &x in xs {
-            x.unsqueeze(axis);
+            let u = x.unsqueeze(axis);
+            let mut tape = self.core.tape.borrow_mut();
+            if tape.error.is_none() {
+                tape.extra.push(u.id.raw());
+            }
         }
-        self.concat_with(xs.len(), |k| NodeId::new((first + k) as u32), axis)
+        self.core.record(OpKind::Concat, |r| {
+            let first =
+                u32::try_from(first).map_err(|_| Error::TapeFull { op: r.op, len: first, location: r.location })?;
+            concat_stored(r, first, xs.len(), axis)
+        })
     }
 
     /// `a` where `cond ≠ 0`, else `b`, all three broadcast together. `cond` gets no gradient.
     #[track_caller]
     pub fn where_(&'s self, cond: Var<'s, T>, a: Var<'s, T>, b: Var<'s, T>) -> Var<'s, T> {
-        self.core.record("where", |r| {
+        self.core.record(OpKind::Where, |r| {
             let (sc, sa, sb) = (r.shape(cond.id), r.shape(a.id), r.shape(b.id));
             let Some(so) = sc.broadcast(&sa).and_then(|s| s.broadcast(&sb)) else {
                 let (lhs, rhs) = if sc.broadcast(&sa).is_none() { (sc, sa) } else { (sa, sb) };
-                return Err(Error::Broadcast { op: "where", lhs, rhs, location: r.location });
+                return Err(Error::Broadcast { op: r.op, lhs, rhs, location: r.location });
             };
             let (c, va, vb) = (r.value(cond.id), r.value(a.id), r.value(b.id));
             let out = r.alloc(so.numel())?;
@@ -357,8 +330,54 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     }
 }
 
-/// `dx += dout` (reshape, add_scalar).
-pub(crate) fn backward_identity<'s, T: Float>(
+/// Concatenates the `n` nodes whose ids are stored at `first` along `axis`.
+fn concat_stored<'s, T: Float>(
+    r: &mut Rec<'_, 's, T>,
+    first: u32,
+    n: usize,
+    axis: isize,
+) -> Result<(Op<'s, T>, crate::shape::Shape, &'s [T])> {
+    if n == 0 {
+        return Err(r.invalid("needs at least one tensor, got an empty list".into()));
+    }
+    let count = u32::try_from(n).map_err(|_| r.invalid(format!("{n} inputs exceed the u32 limit")))?;
+    let x0 = r.stored_ids(first, count).next().expect("n > 0 ids were stored");
+    let s0 = r.shape(x0);
+    let ax = r.axis(s0, axis)?;
+    let mut total = 0usize;
+    for x in r.stored_ids(first, count) {
+        let s = r.shape(x);
+        if s.rank() != s0.rank() || (0..s0.rank()).any(|d| d != ax && s.dim(d) != s0.dim(d)) {
+            let shapes = r.stored_ids(first, count).map(|x| r.shape(x)).collect();
+            return Err(Error::ShapeList { op: r.op, shapes, axis: ax, location: r.location });
+        }
+        total = total.saturating_add(s.dim(ax));
+    }
+    let so = r.shape_of(
+        s0,
+        &{
+            let mut d = s0.to_array();
+            d[ax] = total;
+            d
+        }[..s0.rank()],
+    )?;
+    let out = r.alloc(so.numel())?;
+    let (outer, _, inner) = so.split_at_axis(ax);
+    let mut offset = 0;
+    for x in r.stored_ids(first, count) {
+        let len = r.shape(x).dim(ax);
+        let v = r.value(x);
+        for o in 0..outer {
+            let dst = (o * total + offset) * inner;
+            out[dst..dst + len * inner].copy_from_slice(&v[o * len * inner..(o + 1) * len * inner]);
+        }
+        offset += len;
+    }
+    Ok((Op::Concat { first, count, axis: ax as u8 }, so, out))
+}
+
+/// `dx += dout`: the value is the input's, reshaped.
+pub(crate) fn backward_reshape<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
     x: NodeId<'s>,
@@ -398,7 +417,7 @@ pub(crate) fn backward_broadcast<'s, T: Float>(
     Ok(())
 }
 
-pub(crate) fn backward_slice<'s, T: Float>(
+pub(crate) fn backward_narrow<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
     x: NodeId<'s>,
@@ -427,8 +446,7 @@ pub(crate) fn backward_concat<'s, T: Float>(
     let so = ctx.shape(out);
     let (outer, total, inner) = so.split_at_axis(axis as usize);
     let mut offset = 0;
-    for k in 0..count as usize {
-        let x = NodeId::new(ctx.extra(first, count as usize)[k]);
+    for x in ctx.stored_ids(first, count) {
         let len = ctx.shape(x).dim(axis as usize);
         if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
             for o in 0..outer {

@@ -7,17 +7,17 @@
 //! of `exp`, `sum` and `div`, which would overflow for large inputs.
 
 use crate::error::Result;
-use crate::graph::backward::BackwardCtx;
 use crate::graph::{NodeId, Var};
 use crate::kernels;
-use crate::ops::Op;
+use crate::ops::{Op, OpKind};
+use crate::record::BackwardCtx;
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     fn softmax_impl(self, axis: isize, log: bool) -> Var<'s, T> {
-        let name = if log { "log_softmax" } else { "softmax" };
-        self.core.record(name, |r| {
+        let kind = if log { OpKind::LogSoftmax } else { OpKind::Softmax };
+        self.core.record(kind, |r| {
             let shape = r.shape(self.id);
             let ax = r.axis(shape, axis)?;
             let out = r.alloc(shape.numel())?;

@@ -1,216 +1,349 @@
-//! Elementwise unary ops. For `y = f(x)` backward is `dx += dout ⊙ f'(x)`:
+//! Elementwise unary ops `y = f(x)`, one table: each row of [`unary_fns!`] gives a
+//! function's variant, its name, its forward formula and its derivative, side by side.
+//! Backward is `dx += dout ⊙ f'(x)`, with `f'` written in terms of `x`, `y` and the scalar
+//! arguments `c`.
 //!
-//! | op            | `y`                                   | `f'(x)`                          |
-//! |---------------|---------------------------------------|----------------------------------|
-//! | `neg`         | `-x`                                  | `-1`                             |
-//! | `add_scalar`  | `x + c`                               | `1`                              |
-//! | `mul_scalar`  | `c·x`                                 | `c`                              |
-//! | `powf`        | `x^p`                                 | `p·x^(p-1)`                      |
-//! | `exp`         | `eˣ`                                  | `y`                              |
-//! | `log`         | `ln x`                                | `1/x`                            |
-//! | `sqrt`        | `√x`                                  | `1/(2y)`                         |
-//! | `square`      | `x²`                                  | `2x`                             |
-//! | `recip`       | `1/x`                                 | `-y²`                            |
-//! | `abs`         | `|x|`                                 | `sign x` (0 at 0)                |
-//! | `sin`, `cos`  | `sin x`, `cos x`                      | `cos x`, `-sin x`                |
-//! | `tanh`        | `tanh x`                              | `1 - y²`                         |
-//! | `sigmoid`     | `1/(1+e⁻ˣ)`                           | `y(1-y)`                         |
-//! | `relu`        | `max(x, 0)`                           | `1` if `x > 0`, else `0`         |
-//! | `leaky_relu`  | `x` if `x > 0`, else `αx`             | `1` or `α`                       |
-//! | `gelu`        | `x·Φ(x)`, `Φ(x) = (1 + erf(x/√2))/2`   | `Φ(x) + x·φ(x)`                  |
-//! | `gelu_tanh`   | `x(1 + tanh u)/2`, `u = √(2/π)(x + 0.044715x³)` | `(1+t)/2 + x(1-t²)u'/2`  |
-//! | `softplus`    | `ln(1 + eˣ)` (computed stably)         | `sigmoid x`                      |
-//! | `clamp`       | `min(max(x, lo), hi)`                 | `1` inside `[lo, hi]`, else `0`  |
+//! | op            | `y`                                   | `f'(x)`                          | edges (value, gradient)                 |
+//! |---------------|---------------------------------------|----------------------------------|-----------------------------------------|
+//! | `neg`         | `-x`                                  | `-1`                             |                                         |
+//! | `add_scalar`  | `x + c`                               | `1`                              |                                         |
+//! | `mul_scalar`  | `c·x`                                 | `c`                              |                                         |
+//! | `powf`        | `x^p`                                 | `p·x^(p-1)`, `0` if `p = 0`      | `x < 0`, fractional `p`: NaN            |
+//! | `exp`         | `eˣ`                                  | `y`                              |                                         |
+//! | `log`         | `ln x`                                | `1/x`                            | `log 0 = -∞`, `1/0 = ∞`; `x < 0`: NaN   |
+//! | `log1p`       | `ln(1 + x)`, accurate near 0          | `1/(1 + x)`                      | `log1p(-1) = -∞`, grad `∞`; `x < -1`: NaN value, grad `1/(1+x)` |
+//! | `expm1`       | `eˣ − 1`, accurate near 0             | `y + 1`                          |                                         |
+//! | `sqrt`        | `√x`                                  | `1/(2y)`                         | `sqrt 0 = 0`, grad `∞`; `x < 0`: NaN    |
+//! | `rsqrt`       | `1/√x`                                | `-y³/2`                          | `rsqrt 0 = ∞`, grad `-∞`; `x < 0`: NaN  |
+//! | `square`      | `x²`                                  | `2x`                             |                                         |
+//! | `recip`       | `1/x`                                 | `-y²`                            | `1/0 = ∞`, grad `-∞`                    |
+//! | `abs`         | `\|x\|`                               | `sign x` (0 at 0)                |                                         |
+//! | `sin`, `cos`  | `sin x`, `cos x`                      | `cos x`, `-sin x`                |                                         |
+//! | `tanh`        | `tanh x`                              | `1 - y²`                         |                                         |
+//! | `atan`        | `atan x`                              | `1/(1 + x²)`                     | `atan ±∞ = ±π/2`, grad `0`              |
+//! | `erf`         | `erf x`                               | `2/√π · e^(−x²)`                 |                                         |
+//! | `sigmoid`     | `1/(1+e⁻ˣ)` (stable)                  | `y(1-y)`                         |                                         |
+//! | `relu`        | `max(x, 0)`                           | `1` if `y > 0`, else `0`         | NaN: value NaN, gradient passes `dout` (PyTorch) |
+//! | `leaky_relu`  | `x` if `x > 0`, else `αx`             | `1` or `α`                       |                                         |
+//! | `gelu`        | `x·Φ(x)`, `Φ(x) = (1 + erf(x/√2))/2`  | `Φ(x) + x·φ(x)`                  |                                         |
+//! | `gelu_tanh`   | `x(1 + tanh u)/2`, `u = √(2/π)(x + 0.044715x³)` | `(1+t)/2 + x(1-t²)u'/2` |                                   |
+//! | `softplus`    | `ln(1 + eˣ)` (stable)                 | `sigmoid x`                      |                                         |
+//! | `silu`        | `x·σ(x)`                              | `σ(x)(1 + x(1 − σ(x)))`          |                                         |
+//! | `clamp`       | `min(max(x, lo), hi)`                 | `1` inside `[lo, hi]`, else `0`  | NaN: value NaN, gradient `0` (PyTorch)  |
 //!
-//! Kinks (`abs`, `relu`, `clamp` at their edges) use the subgradient shown.
+//! Kinks (`abs`, `relu`, `clamp` at their edges) use the subgradient shown. Every function
+//! maps NaN to NaN. The `match` on the function runs once per op, outside the element
+//! loop, so each function keeps its own (vectorisable) inner loop.
 
 use crate::error::Result;
-use crate::graph::backward::BackwardCtx;
 use crate::graph::{NodeId, Var};
-use crate::kernels;
-use crate::ops::Op;
+use crate::kernels::scalar::{
+    erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
+};
+use crate::kernels::{self, ElementMap, GradMap};
+use crate::ops::{Op, OpKind};
+use crate::record::{BackwardCtx, Rec};
 use crate::Float;
 
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
+macro_rules! unary_fns {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident $name:literal: |$x:ident, $c:ident| $forward:expr, d |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
+    )*) => {
+        /// An elementwise unary function: the kind of a [`Var`] method such as
+        /// [`exp`](Var::exp) or [`clamp`](Var::clamp). Its [`name`](UnaryFn::name) is the method's.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum UnaryFn {
+            $($(#[$doc])* $f,)*
+        }
 
-/// `1/(1+e⁻ˣ)` without overflow for large `|x|`.
-pub(crate) fn sigmoid<T: Float>(x: T) -> T {
-    if x >= T::ZERO {
-        T::ONE / (T::ONE + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (T::ONE + e)
+        impl UnaryFn {
+            /// Every function, in table order.
+            pub const ALL: &'static [UnaryFn] = &[$(UnaryFn::$f),*];
+
+            /// The name of the method that records it.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(UnaryFn::$f => $name,)*
+                }
+            }
+
+            /// Hands `m` the function's scalar forward formula, with scalar arguments `c`.
+            #[inline]
+            pub(crate) fn forward<T: Float, M: ElementMap<T>>(self, c: [T; 2], m: M) -> M::Out {
+                match self {
+                    $(UnaryFn::$f => {
+                        let $c = c;
+                        m.map(move |$x: T| $forward)
+                    })*
+                }
+            }
+
+            /// Hands `m` the derivative `f'(x)` as a function of `x` and `y = f(x)`.
+            #[inline]
+            pub(crate) fn derivative<T: Float, M: GradMap<T>>(self, c: [T; 2], m: M) -> M::Out {
+                match self {
+                    $(UnaryFn::$f => {
+                        let $dc = c;
+                        m.map(move |$dx: T, $dy: T| $derivative)
+                    })*
+                }
+            }
+        }
+    };
+}
+
+unary_fns! {
+    /// `-x`.
+    Neg "neg": |x, _c| -x, d |_x, _y, _c| -T::ONE;
+    /// `x + c`.
+    AddScalar "add_scalar": |x, c| x + c[0], d |_x, _y, _c| T::ONE;
+    /// `c·x`.
+    MulScalar "mul_scalar": |x, c| x * c[0], d |_x, _y, c| c[0];
+    /// `x^p`.
+    Powf "powf": |x, c| x.powf(c[0]),
+        d |x, _y, c| if c[0] == T::ZERO { T::ZERO } else { c[0] * x.powf(c[0] - T::ONE) };
+    /// `eˣ`.
+    Exp "exp": |x, _c| x.exp(), d |_x, y, _c| y;
+    /// `ln x`.
+    Log "log": |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
+    /// `ln(1 + x)`.
+    Log1p "log1p": |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
+    /// `eˣ − 1`.
+    Expm1 "expm1": |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
+    /// `√x`.
+    Sqrt "sqrt": |x, _c| x.sqrt(), d |_x, y, _c| T::from_f64(0.5) / y;
+    /// `1/√x`.
+    Rsqrt "rsqrt": |x, _c| T::ONE / x.sqrt(), d |_x, y, _c| T::from_f64(-0.5) * y * y * y;
+    /// `x²`.
+    Square "square": |x, _c| x * x, d |x, _y, _c| x + x;
+    /// `1/x`.
+    Recip "recip": |x, _c| T::ONE / x, d |_x, y, _c| -(y * y);
+    /// `|x|`.
+    Abs "abs": |x, _c| x.abs(), d |x, _y, _c| sign(x);
+    /// `sin x`.
+    Sin "sin": |x, _c| x.sin(), d |x, _y, _c| x.cos();
+    /// `cos x`.
+    Cos "cos": |x, _c| x.cos(), d |x, _y, _c| -x.sin();
+    /// `tanh x`.
+    Tanh "tanh": |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
+    /// `atan x`.
+    Atan "atan": |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
+    /// The error function.
+    Erf "erf": |x, _c| x.erf(), d |x, _y, _c| erf_grad(x);
+    /// `1/(1+e⁻ˣ)`.
+    Sigmoid "sigmoid": |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
+    /// `max(x, 0)`.
+    Relu "relu": |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
+    /// `x` for `x > 0`, else `c·x`.
+    LeakyRelu "leaky_relu": |x, c| if x > T::ZERO { x } else { c[0] * x },
+        d |x, _y, c| if x > T::ZERO { T::ONE } else { c[0] };
+    /// `x·Φ(x)`.
+    Gelu "gelu": |x, _c| gelu_erf(x), d |x, _y, _c| gelu_erf_grad(x);
+    /// GELU with the tanh approximation.
+    GeluTanh "gelu_tanh": |x, _c| gelu_tanh(x), d |x, _y, _c| gelu_tanh_grad(x);
+    /// `ln(1 + eˣ)`.
+    Softplus "softplus": |x, _c| softplus(x), d |x, _y, _c| sigmoid(x);
+    /// `x·σ(x)`.
+    Silu "silu": |x, _c| silu(x), d |x, _y, _c| silu_grad(x);
+    /// `min(max(x, lo), hi)` with `c = [lo, hi]`.
+    Clamp "clamp": |x, c| if x < c[0] { c[0] } else if x > c[1] { c[1] } else { x },
+        d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
+}
+
+/// Recording: the output filled from the input in one pass, straight into the arena.
+struct Record<'r, 'a, 's, T> {
+    r: &'r Rec<'a, 's, T>,
+    x: &'s [T],
+}
+
+impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
+    type Out = Result<&'s mut [T]>;
+    #[inline]
+    fn map(self, f: impl Fn(T) -> T) -> Self::Out {
+        self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
     }
 }
 
-/// `ln(1 + eˣ) = max(x, 0) + ln(1 + e^-|x|)`, which never overflows.
-pub(crate) fn softplus<T: Float>(x: T) -> T {
-    x.max(T::ZERO) + (-x.abs()).exp().ln_1p()
+/// Backward: `dx += dout ⊙ f'(x, y)`.
+struct Grad<'a, T> {
+    dout: &'a [T],
+    x: &'a [T],
+    y: &'a [T],
+    dx: &'a mut [T],
 }
 
-pub(crate) fn sign<T: Float>(x: T, _y: T) -> T {
-    if x > T::ZERO {
-        T::ONE
-    } else if x < T::ZERO {
-        -T::ONE
-    } else {
-        T::ZERO
+impl<T: Float> GradMap<T> for Grad<'_, T> {
+    type Out = ();
+    #[inline]
+    fn map(self, d: impl Fn(T, T) -> T) {
+        kernels::map_grad(self.dout, self.x, self.y, self.dx, d);
     }
-}
-
-pub(crate) fn gelu_tanh<T: Float>(x: T) -> T {
-    let u = T::from_f64(SQRT_2_OVER_PI) * (x + T::from_f64(GELU_C) * x * x * x);
-    T::from_f64(0.5) * x * (T::ONE + u.tanh())
-}
-
-pub(crate) fn gelu_tanh_grad<T: Float>(x: T) -> T {
-    let k = T::from_f64(SQRT_2_OVER_PI);
-    let c = T::from_f64(GELU_C);
-    let t = (k * (x + c * x * x * x)).tanh();
-    let du = k * (T::ONE + T::from_f64(3.0) * c * x * x);
-    T::from_f64(0.5) * (T::ONE + t) + T::from_f64(0.5) * x * (T::ONE - t * t) * du
-}
-
-fn phi_cdf<T: Float>(x: T) -> T {
-    T::from_f64(0.5) * (T::ONE + (x * T::from_f64(std::f64::consts::FRAC_1_SQRT_2)).erf())
-}
-
-pub(crate) fn gelu_erf<T: Float>(x: T) -> T {
-    x * phi_cdf(x)
-}
-
-pub(crate) fn gelu_erf_grad<T: Float>(x: T) -> T {
-    let pdf = (-(x * x) * T::from_f64(0.5)).exp() * T::from_f64(0.398_942_280_401_432_7);
-    phi_cdf(x) + x * pdf
 }
 
 impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     #[inline]
-    fn unary(self, name: &'static str, op: Op<'s, T>, f: impl Fn(T) -> T) -> Var<'s, T> {
-        self.core.record(name, |r| {
+    fn unary(self, f: UnaryFn, c: [T; 2]) -> Var<'s, T> {
+        self.core.record(OpKind::Unary(f), |r| {
             let n = r.node(self.id);
-            let out = r.alloc_iter(n.value.iter().map(|&v| f(v)))?;
-            Ok((op, n.shape, out))
+            let out = f.forward(c, Record { r, x: n.value })?;
+            Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
         })
     }
 
     /// `-x`. (Also the `-` operator.)
     #[track_caller]
     pub(crate) fn neg_(self) -> Var<'s, T> {
-        self.unary("neg", Op::Neg { x: self.id }, |v| -v)
+        self.unary(UnaryFn::Neg, [T::ZERO; 2])
     }
 
     /// `x + c` for a scalar `c`. (Also `x + c`, `c + x` and `x - c`.)
     #[track_caller]
     pub fn add_scalar(self, c: T) -> Var<'s, T> {
-        self.unary("add_scalar", Op::AddScalar { x: self.id }, |v| v + c)
+        self.unary(UnaryFn::AddScalar, [c, T::ZERO])
     }
 
     /// `c·x` for a scalar `c`. (Also `x * c`, `c * x` and `x / c`.)
     #[track_caller]
     pub fn mul_scalar(self, c: T) -> Var<'s, T> {
-        self.unary("mul_scalar", Op::MulScalar { x: self.id, c }, |v| v * c)
+        self.unary(UnaryFn::MulScalar, [c, T::ZERO])
     }
 
-    /// `x^p` for a scalar exponent `p`.
+    /// `x^p` for a scalar exponent `p`; the gradient is 0 everywhere when `p = 0`.
     #[track_caller]
     pub fn powf(self, p: T) -> Var<'s, T> {
-        self.unary("powf", Op::PowScalar { x: self.id, p }, |v| v.powf(p))
+        self.unary(UnaryFn::Powf, [p, T::ZERO])
     }
 
     /// `eˣ`.
     #[track_caller]
     pub fn exp(self) -> Var<'s, T> {
-        self.unary("exp", Op::Exp { x: self.id }, T::exp)
+        self.unary(UnaryFn::Exp, [T::ZERO; 2])
     }
 
     /// Natural logarithm.
     #[track_caller]
     pub fn log(self) -> Var<'s, T> {
-        self.unary("log", Op::Log { x: self.id }, T::ln)
+        self.unary(UnaryFn::Log, [T::ZERO; 2])
+    }
+
+    /// `ln(1 + x)`, accurate for small `|x|`; `log1p(-1) = -∞` with gradient `∞`.
+    #[track_caller]
+    pub fn log1p(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Log1p, [T::ZERO; 2])
+    }
+
+    /// `eˣ − 1`, accurate for small `|x|`.
+    #[track_caller]
+    pub fn expm1(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Expm1, [T::ZERO; 2])
     }
 
     /// Square root.
     #[track_caller]
     pub fn sqrt(self) -> Var<'s, T> {
-        self.unary("sqrt", Op::Sqrt { x: self.id }, T::sqrt)
+        self.unary(UnaryFn::Sqrt, [T::ZERO; 2])
+    }
+
+    /// `1/√x`; `rsqrt(0) = ∞` with gradient `-∞`, NaN for `x < 0`.
+    #[track_caller]
+    pub fn rsqrt(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Rsqrt, [T::ZERO; 2])
     }
 
     /// `x²`.
     #[track_caller]
     pub fn square(self) -> Var<'s, T> {
-        self.unary("square", Op::Square { x: self.id }, |v| v * v)
+        self.unary(UnaryFn::Square, [T::ZERO; 2])
     }
 
     /// `1/x`.
     #[track_caller]
     pub fn recip(self) -> Var<'s, T> {
-        self.unary("recip", Op::Recip { x: self.id }, |v| T::ONE / v)
+        self.unary(UnaryFn::Recip, [T::ZERO; 2])
     }
 
     /// `|x|` (gradient 0 at 0).
     #[track_caller]
     pub fn abs(self) -> Var<'s, T> {
-        self.unary("abs", Op::Abs { x: self.id }, T::abs)
+        self.unary(UnaryFn::Abs, [T::ZERO; 2])
     }
 
     /// Sine.
     #[track_caller]
     pub fn sin(self) -> Var<'s, T> {
-        self.unary("sin", Op::Sin { x: self.id }, T::sin)
+        self.unary(UnaryFn::Sin, [T::ZERO; 2])
     }
 
     /// Cosine.
     #[track_caller]
     pub fn cos(self) -> Var<'s, T> {
-        self.unary("cos", Op::Cos { x: self.id }, T::cos)
+        self.unary(UnaryFn::Cos, [T::ZERO; 2])
     }
 
     /// Hyperbolic tangent.
     #[track_caller]
     pub fn tanh(self) -> Var<'s, T> {
-        self.unary("tanh", Op::Tanh { x: self.id }, T::tanh)
+        self.unary(UnaryFn::Tanh, [T::ZERO; 2])
+    }
+
+    /// Arctangent, in `(−π/2, π/2)`.
+    #[track_caller]
+    pub fn atan(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Atan, [T::ZERO; 2])
+    }
+
+    /// The error function `erf x = 2/√π ∫₀ˣ e^(−t²) dt`.
+    #[track_caller]
+    pub fn erf(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Erf, [T::ZERO; 2])
     }
 
     /// Logistic sigmoid `1/(1+e⁻ˣ)`, stable for large `|x|`.
     #[track_caller]
     pub fn sigmoid(self) -> Var<'s, T> {
-        self.unary("sigmoid", Op::Sigmoid { x: self.id }, sigmoid)
+        self.unary(UnaryFn::Sigmoid, [T::ZERO; 2])
     }
 
-    /// `max(x, 0)` (gradient 0 at 0).
+    /// `max(x, 0)` (gradient 0 at 0; NaN stays NaN).
     #[track_caller]
     pub fn relu(self) -> Var<'s, T> {
-        self.unary("relu", Op::Relu { x: self.id }, |v| if v > T::ZERO { v } else { T::ZERO })
+        self.unary(UnaryFn::Relu, [T::ZERO; 2])
     }
 
     /// `x` for `x > 0`, else `slope·x`.
     #[track_caller]
     pub fn leaky_relu(self, slope: T) -> Var<'s, T> {
-        self.unary("leaky_relu", Op::LeakyRelu { x: self.id, slope }, |v| if v > T::ZERO { v } else { slope * v })
+        self.unary(UnaryFn::LeakyRelu, [slope, T::ZERO])
     }
 
     /// GELU with the exact normal CDF: `x·Φ(x)`.
     #[track_caller]
     pub fn gelu(self) -> Var<'s, T> {
-        self.unary("gelu", Op::GeluErf { x: self.id }, gelu_erf)
+        self.unary(UnaryFn::Gelu, [T::ZERO; 2])
     }
 
     /// GELU with the tanh approximation used by GPT-2 and BERT.
     #[track_caller]
     pub fn gelu_tanh(self) -> Var<'s, T> {
-        self.unary("gelu_tanh", Op::GeluTanh { x: self.id }, gelu_tanh)
+        self.unary(UnaryFn::GeluTanh, [T::ZERO; 2])
     }
 
     /// `ln(1 + eˣ)`, computed without overflow.
     #[track_caller]
     pub fn softplus(self) -> Var<'s, T> {
-        self.unary("softplus", Op::Softplus { x: self.id }, softplus)
+        self.unary(UnaryFn::Softplus, [T::ZERO; 2])
     }
 
-    /// `min(max(x, lo), hi)`.
+    /// SiLU (swish): `x·σ(x)`.
+    #[track_caller]
+    pub fn silu(self) -> Var<'s, T> {
+        self.unary(UnaryFn::Silu, [T::ZERO; 2])
+    }
+
+    /// `min(max(x, lo), hi)`; NaN stays NaN.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (recorded) if `lo > hi`
@@ -220,39 +353,28 @@ impl<'s, T: Float> Var<'s, T> {
         #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !(lo <= hi) {
             let location = std::panic::Location::caller();
-            return self.core.fail(crate::Error::InvalidArgument {
-                op: "clamp",
-                detail: format!("bounds lo = {lo} and hi = {hi} need lo <= hi (input shape {})", self.shape()),
+            let shape = self.shape();
+            return self.core.fail_as(UnaryFn::Clamp.name(), |op| crate::Error::InvalidArgument {
+                op,
+                detail: format!("bounds lo = {lo} and hi = {hi} need lo <= hi (input shape {shape})"),
                 location,
             });
         }
-        self.unary("clamp", Op::Clamp { x: self.id, lo, hi }, |v| v.max(lo).min(hi))
+        self.unary(UnaryFn::Clamp, [lo, hi])
     }
 }
 
-/// `dx += dout ⊙ d(x, y)` for `y = f(x)`.
+/// `dx += dout ⊙ f'(x)` for `out = f(x)`.
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
+    f: UnaryFn,
     x: NodeId<'s>,
-    d: impl Fn(T, T) -> T,
+    c: [T; 2],
 ) -> Result<()> {
     let (xv, yv) = (ctx.value(x), ctx.value(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        kernels::map_grad(dout, xv, yv, dx, d);
-    }
-    Ok(())
-}
-
-/// `dx += c·dout`.
-pub(crate) fn backward_scale<'s, T: Float>(
-    ctx: &mut BackwardCtx<'_, 's, T>,
-    out: NodeId<'s>,
-    x: NodeId<'s>,
-    c: T,
-) -> Result<()> {
-    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        kernels::axpy(dx, c, dout);
+        f.derivative(c, Grad { dout, x: xv, y: yv, dx });
     }
     Ok(())
 }

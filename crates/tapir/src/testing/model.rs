@@ -84,6 +84,7 @@ fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty
     let mut picked = [false; MAX_RANK];
     for &a in axes {
         match resolve(x.len(), a) {
+            Some(ax) if picked[ax] => return err("InvalidArgument", op),
             Some(ax) => picked[ax] = true,
             None => return err("BadAxis", op),
         }
@@ -99,33 +100,35 @@ fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty
     Outcome::Ok(out.collect())
 }
 
-fn unsqueezed(x: &[usize], axis: isize) -> Result<Vec<usize>, Outcome> {
-    let ax = resolve(x.len() + 1, axis).ok_or(err("BadAxis", "unsqueeze"))?;
+/// `x` with a size-1 axis inserted, or the error of `op` (`unsqueeze`, or `stack`).
+fn unsqueezed(op: &'static str, x: &[usize], axis: isize) -> Result<Vec<usize>, Outcome> {
+    let ax = resolve(x.len() + 1, axis).ok_or(err("BadAxis", op))?;
     if x.len() + 1 > MAX_RANK {
-        return Err(err("InvalidShape", "reshape"));
+        return Err(err("InvalidShape", op));
     }
     let mut d = x.to_vec();
     d.insert(ax, 1);
     Ok(d)
 }
 
-fn concat(xs: &[&[usize]], axis: isize) -> Outcome {
+/// The shape of concatenating `xs`, or the error of `op` (`concat`, or `stack`).
+fn concat(op: &'static str, xs: &[&[usize]], axis: isize) -> Outcome {
     let Some(first) = xs.first() else {
-        return err("InvalidArgument", "concat");
+        return err("InvalidArgument", op);
     };
     let Some(ax) = resolve(first.len(), axis) else {
-        return err("BadAxis", "concat");
+        return err("BadAxis", op);
     };
     let agree = |s: &&[usize]| s.len() == first.len() && (0..s.len()).all(|d| d == ax || s[d] == first[d]);
     if !xs.iter().all(agree) {
-        return err("ShapeList", "concat");
+        return err("ShapeList", op);
     }
     let mut out = first.to_vec();
-    out[ax] = xs.iter().map(|s| s[ax]).sum();
+    out[ax] = xs.iter().fold(0usize, |t, s| t.saturating_add(s[ax]));
     if valid_dims(&out) {
         Outcome::Ok(out)
     } else {
-        err("InvalidShape", "concat")
+        err("InvalidShape", op)
     }
 }
 
@@ -151,13 +154,15 @@ fn window(
     if x.len() != 4 {
         return Err(err("InvalidShape", op));
     }
+    if k.iter().chain(&st).chain(&p).any(|&v| u32::try_from(v).is_err()) {
+        return Err(err("InvalidArgument", op));
+    }
     if k.contains(&0) || st.contains(&0) || (pool && (p[0] > k[0] / 2 || p[1] > k[1] / 2)) {
         return Err(err("InvalidArgument", op));
     }
     let fits = |len: usize, k: usize, p: usize| len.checked_add(p.checked_mul(2)?)?.checked_sub(k);
-    let small = k.iter().chain(&st).chain(&p).all(|&v| u32::try_from(v).is_ok());
     match (fits(x[2], k[0], p[0]), fits(x[3], k[1], p[1])) {
-        (Some(h), Some(w)) if small => Ok((h / st[0] + 1, w / st[1] + 1)),
+        (Some(h), Some(w)) => Ok((h / st[0] + 1, w / st[1] + 1)),
         _ => Err(err("InvalidShape", op)),
     }
 }
@@ -228,7 +233,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                     out.swap(p, q);
                     Outcome::Ok(out)
                 }
-                _ => err("BadAxis", "transpose"),
+                _ => err("BadAxis", if (*a0, *a1) == (-2, -1) { "t" } else { "transpose" }),
             }
         }
         Step::BroadcastTo { x, dims } => {
@@ -253,7 +258,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                 _ => err("BadAxis", "squeeze"),
             }
         }
-        Step::Unsqueeze { x, axis } => unsqueezed(s(*x), *axis).map_or_else(|e| e, Outcome::Ok),
+        Step::Unsqueeze { x, axis } => unsqueezed("unsqueeze", s(*x), *axis).map_or_else(|e| e, Outcome::Ok),
         Step::Narrow { x, axis, start, len } => {
             let x = s(*x);
             let Some(ax) = resolve(x.len(), *axis) else {
@@ -266,16 +271,16 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             out[ax] = *len;
             Outcome::Ok(out)
         }
-        Step::Concat { xs, axis } => concat(&xs.iter().map(|&i| s(i)).collect::<Vec<_>>(), *axis),
+        Step::Concat { xs, axis } => concat("concat", &xs.iter().map(|&i| s(i)).collect::<Vec<_>>(), *axis),
         Step::Stack { xs, axis } => {
             let mut expanded = Vec::with_capacity(xs.len());
             for &i in xs {
-                match unsqueezed(s(i), *axis) {
+                match unsqueezed("stack", s(i), *axis) {
                     Ok(d) => expanded.push(d),
                     Err(e) => return e,
                 }
             }
-            concat(&expanded.iter().map(Vec::as_slice).collect::<Vec<_>>(), *axis)
+            concat("stack", &expanded.iter().map(Vec::as_slice).collect::<Vec<_>>(), *axis)
         }
         Step::IndexSelect { x, axis, indices } => {
             let x = s(*x);
@@ -297,13 +302,12 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             let x = s(*x);
             let nonempty = matches!(op, ReduceOp::Max | ReduceOp::Min);
             match axes {
-                // Mean over axes is a sum over them, scaled: a bad axis is the sum's error.
                 Some(axes) => reduce(op.axes_name(), x, axes, *keepdim, nonempty),
-                None if nonempty && numel(x) == 0 => err("InvalidShape", op.axes_name()),
+                None if nonempty && numel(x) == 0 => err("InvalidShape", op.whole_name()),
                 None => Outcome::Ok(vec![]),
             }
         }
-        Step::Var { x, axes, keepdim, .. } => reduce("sum", s(*x), axes, *keepdim, false),
+        Step::Var { x, axes, keepdim, .. } => reduce("var", s(*x), axes, *keepdim, false),
         Step::LogSumExp { x, axis, keepdim } => reduce("logsumexp", s(*x), &[*axis], *keepdim, true),
         Step::Softmax { x, axis, log } => match resolve(s(*x).len(), *axis) {
             Some(_) => same(*x),
@@ -320,7 +324,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
         }
         Step::Mse { a, b } => match broadcast(s(*a), s(*b)) {
             Some(_) => Outcome::Ok(vec![]),
-            None => err("Broadcast", "sub"),
+            None => err("Broadcast", "mse_loss"),
         },
         Step::NoGrad(inner) => outcome(inner, shapes),
         Step::Const { dims, data } => {
@@ -359,12 +363,12 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
                 return err("InvalidShape", "conv2d");
             }
-            let (oh, ow) = match window("im2col", x, [w[2], w[3]], *stride, *padding, false) {
+            let (oh, ow) = match window("conv2d", x, [w[2], w[3]], *stride, *padding, false) {
                 Ok(o) => o,
                 Err(e) => return e,
             };
             match checked(
-                "im2col",
+                "conv2d",
                 oh.checked_mul(ow).map(|l| vec![x[0], w[1].saturating_mul(w[2]).saturating_mul(w[3]), l]),
             ) {
                 Outcome::Ok(_) => Outcome::Ok(vec![x[0], w[0], oh, ow]),

@@ -201,10 +201,21 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    /// The op name a reduction over axes reports (a mean is a scaled sum).
+    /// The op name a reduction over axes reports: the method called.
     pub fn axes_name(self) -> &'static str {
         match self {
-            ReduceOp::Sum | ReduceOp::Mean => "sum",
+            ReduceOp::Sum => "sum_axes",
+            ReduceOp::Mean => "mean_axes",
+            ReduceOp::Max => "max_axes",
+            ReduceOp::Min => "min_axes",
+        }
+    }
+
+    /// The op name a reduction over all elements reports.
+    pub fn whole_name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
         }

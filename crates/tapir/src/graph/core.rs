@@ -1,0 +1,140 @@
+//! [`Core`]: the part of a scope that handles point at, and the one place ops are recorded.
+
+use std::cell::{Cell, RefCell};
+use std::panic::Location;
+
+use faer::Par;
+
+use crate::error::{Error, Result};
+use crate::graph::tape::{NodeView, Tape};
+use crate::graph::{NodeId, Var};
+use crate::ops::{Op, OpKind};
+use crate::record::Rec;
+use crate::shape::Shape;
+use crate::storage::Arena;
+use crate::Float;
+
+/// The part of a scope that handles point at.
+#[derive(Debug)]
+pub struct Core<'s, T> {
+    pub(crate) arena: &'s Arena,
+    pub(crate) tape: RefCell<Tape<'s, T>>,
+    pub(crate) par: Par,
+    pub(crate) anomaly: bool,
+    /// The public method being recorded when it records several primitives (`mean_axes`,
+    /// `stack`, `conv2d`, ...): errors raised meanwhile name it rather than the primitive.
+    composite: Cell<Option<&'static str>>,
+}
+
+/// Restores the composite name on drop (see [`Core::composite`]).
+pub(crate) struct CompositeGuard<'a> {
+    cell: &'a Cell<Option<&'static str>>,
+    previous: Option<&'static str>,
+}
+
+impl Drop for CompositeGuard<'_> {
+    fn drop(&mut self) {
+        self.cell.set(self.previous);
+    }
+}
+
+impl<'s, T: Float> Core<'s, T> {
+    pub(crate) fn new(arena: &'s Arena, tape: Tape<'s, T>, par: Par, anomaly: bool) -> Core<'s, T> {
+        Core { arena, tape: RefCell::new(tape), par, anomaly, composite: Cell::new(None) }
+    }
+
+    pub(crate) fn poison(&'s self) -> Var<'s, T> {
+        Var { core: self, id: NodeId::POISON }
+    }
+
+    /// Names the public method `name` for every error raised until the guard drops, unless
+    /// an enclosing method already named itself (the caller called that one). Composite
+    /// methods call their primitives directly, not through closures, so `#[track_caller]`
+    /// still carries the caller's line down to them.
+    pub(crate) fn composite(&self, name: &'static str) -> CompositeGuard<'_> {
+        let previous = self.composite.get();
+        if previous.is_none() {
+            self.composite.set(Some(name));
+        }
+        CompositeGuard { cell: &self.composite, previous }
+    }
+
+    /// The name errors report now: the enclosing composite's, else `op`.
+    #[inline]
+    pub(crate) fn op_name(&self, op: &'static str) -> &'static str {
+        self.composite.get().unwrap_or(op)
+    }
+
+    /// Records one primitive op of kind `kind` (see [`record_as`](Core::record_as)).
+    #[track_caller]
+    #[inline]
+    pub(crate) fn record(
+        &'s self,
+        kind: OpKind,
+        f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
+    ) -> Var<'s, T> {
+        self.record_as(kind.name(), f)
+    }
+
+    /// Records one node: `f` checks the arguments, computes the value in the arena and
+    /// returns the node's op, shape and value. Errors name `op` (or the enclosing
+    /// composite) and poison the scope. Leaf-making methods (`tensor`, `full`, `gt`, ...)
+    /// call this with their own name; primitives go through [`record`](Core::record).
+    #[track_caller]
+    #[inline]
+    pub(crate) fn record_as(
+        &'s self,
+        op: &'static str,
+        f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
+    ) -> Var<'s, T> {
+        let location = Location::caller();
+        let mut tape = self.tape.borrow_mut();
+        if tape.error.is_some() {
+            return self.poison();
+        }
+        let op = self.op_name(op);
+        let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location });
+        let pushed = result.and_then(|(kind, shape, value)| {
+            // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
+            // the caller said so explicitly); every other node inherits it from its inputs.
+            let mut requires_grad = matches!(kind, Op::Variable | Op::Param(_));
+            if tape.no_grad == 0 {
+                tape.for_each_input(&kind, |i| requires_grad |= tape.node(i).requires_grad);
+            }
+            if self.anomaly {
+                if !value.iter().all(|v| v.is_finite()) {
+                    return Err(Error::NonFinite { op, phase: "forward", shape, location });
+                }
+                tape.locs.push(location);
+            }
+            tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
+        });
+        match pushed {
+            Ok(id) => Var { core: self, id },
+            Err(e) => {
+                tape.error = Some(e);
+                self.poison()
+            }
+        }
+    }
+
+    /// Records a leaf whose value is already in place.
+    #[track_caller]
+    pub(crate) fn leaf(&'s self, kind: Op<'s, T>, shape: Shape, value: &'s [T]) -> Var<'s, T> {
+        self.record(kind.kind(), |_| Ok((kind, shape, value)))
+    }
+
+    /// Records the error `e` unless the scope already holds one, and returns a poisoned handle.
+    pub(crate) fn fail(&'s self, e: Error) -> Var<'s, T> {
+        let mut tape = self.tape.borrow_mut();
+        if tape.error.is_none() {
+            tape.error = Some(e);
+        }
+        self.poison()
+    }
+
+    /// [`fail`](Core::fail) with an error built for the name errors report now.
+    pub(crate) fn fail_as(&'s self, op: &'static str, e: impl FnOnce(&'static str) -> Error) -> Var<'s, T> {
+        self.fail(e(self.op_name(op)))
+    }
+}

@@ -1,0 +1,127 @@
+//! [`Var`]: a branded handle to one node of a scope, and what it can tell about the node.
+
+use std::panic::Location;
+
+use crate::error::{Error, Result};
+use crate::graph::core::Core;
+use crate::graph::tape::NodeView;
+use crate::graph::NodeId;
+use crate::ops::Op;
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+use crate::Float;
+
+/// A handle to a node of the scope `'s`: `Copy`, 16 bytes, usable with `+ - * /`.
+///
+/// Ops on handles never panic and never return `Result`: a caller's mistake (mismatched
+/// shapes, a bad axis, an index out of range, the arena limit) is recorded as the scope's
+/// first error, with the op, every shape and the caller's location, and every later op
+/// returns a poisoned handle. The error comes out of [`Scope::backward`],
+/// [`Var::value`], [`Var::item`] or [`Scope::check`]; see `docs/design.md` for why.
+#[derive(Clone, Copy)]
+pub struct Var<'s, T: Float = f32> {
+    pub(crate) core: &'s Core<'s, T>,
+    pub(crate) id: NodeId<'s>,
+}
+
+impl<T: Float> std::fmt::Debug for Var<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.id, self.shape())
+    }
+}
+
+impl<'s, T: Float> Var<'s, T> {
+    /// The node's id on the tape (`%poison` after a failed op).
+    pub fn id(self) -> NodeId<'s> {
+        self.id
+    }
+
+    fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {
+        let tape = self.core.tape.borrow();
+        if let Some(e) = &tape.error {
+            return Err(e.clone());
+        }
+        Ok(f(&tape.node(self.id)))
+    }
+
+    /// This handle's node, whether or not the scope has failed since (`None` for a
+    /// poisoned handle).
+    fn node(self) -> Option<NodeView<'s, T>> {
+        self.core.tape.borrow().get(self.id)
+    }
+
+    /// The shape (`[]` for a poisoned handle). A handle recorded before the scope's first
+    /// error keeps its true shape.
+    pub fn shape(self) -> Shape {
+        self.node().map_or(Shape::scalar(), |n| n.shape)
+    }
+
+    /// Whether backward will compute a gradient for this node (`false` for a poisoned
+    /// handle; true to the node for one recorded before the scope's first error).
+    pub fn requires_grad(self) -> bool {
+        self.node().is_some_and(|n| n.requires_grad)
+    }
+
+    /// The value, borrowed from the arena for the rest of the scope.
+    ///
+    /// # Errors
+    /// The scope's first error, if any op failed.
+    pub fn value(self) -> Result<&'s [T]> {
+        self.with_node(|n| n.value)
+    }
+
+    /// The single element of a one-element value.
+    ///
+    /// # Errors
+    /// The scope's first error; [`Error::NotScalar`] if the value has another size.
+    #[track_caller]
+    pub fn item(self) -> Result<T> {
+        let location = Location::caller();
+        let (shape, value) = self.with_node(|n| (n.shape, n.value))?;
+        match value {
+            [v] => Ok(*v),
+            _ => Err(Error::NotScalar { op: "item", shape, location }),
+        }
+    }
+
+    /// An owned copy of the value.
+    ///
+    /// # Errors
+    /// The scope's first error, if any op failed.
+    pub fn to_tensor(self) -> Result<Tensor<T>> {
+        let (shape, value) = self.with_node(|n| (n.shape, n.value))?;
+        Ok(Tensor::from_parts(value.to_vec(), shape))
+    }
+
+    /// The gradient from the last backward pass, or `None` if there was none, the node
+    /// requires no gradient, or no path from the loss reached it. A gradient that a
+    /// backward pass computed stays readable after a later op fails.
+    pub fn grad(self) -> Option<&'s [T]> {
+        self.core.tape.borrow().grads.get(self.id).copied().flatten()
+    }
+
+    /// The gradient as an owned tensor of this node's shape (see [`grad`](Var::grad)).
+    pub fn grad_tensor(self) -> Option<Tensor<T>> {
+        let g = self.grad()?;
+        Some(Tensor::from_parts(g.to_vec(), self.shape()))
+    }
+
+    /// A leaf that shares this value (no copy) and requires no gradient.
+    #[track_caller]
+    pub fn detach(self) -> Var<'s, T> {
+        self.core.record_as("detach", |r| {
+            let n = r.node(self.id);
+            Ok((Op::Leaf, n.shape, n.value))
+        })
+    }
+
+    /// A new leaf that shares this value (no copy) and requests a gradient, like
+    /// PyTorch's `x.detach().requires_grad_()`.
+    #[track_caller]
+    pub fn with_grad(self) -> Var<'s, T> {
+        self.core.record_as("with_grad", |r| {
+            let n = r.node(self.id);
+            Ok((Op::Variable, n.shape, n.value))
+        })
+    }
+}

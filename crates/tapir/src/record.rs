@@ -1,0 +1,142 @@
+//! The toolkit ops are written against: [`Rec`], what an op's recording closure sees, and
+//! [`BackwardCtx`], what its backward function sees. Ops depend on this module, never on
+//! the tape's or the scope's internals.
+
+use faer::Par;
+
+use crate::error::{Error, Loc, Result};
+use crate::graph::id::NodeMap;
+use crate::graph::tape::{NodeView, Tape};
+use crate::graph::NodeId;
+use crate::shape::{resolve_axis, Shape};
+use crate::storage::{AllocFail, Arena};
+use crate::Float;
+
+/// What an op's recording closure sees: the tape so far, the arena, and the name and
+/// location that errors report (the method the caller called, and the caller's line).
+pub(crate) struct Rec<'a, 's, T> {
+    pub(crate) tape: &'a mut Tape<'s, T>,
+    pub(crate) arena: &'s Arena,
+    pub op: &'static str,
+    pub location: Loc,
+}
+
+impl<'s, T: Float> Rec<'_, 's, T> {
+    pub fn node(&self, id: NodeId<'s>) -> NodeView<'s, T> {
+        self.tape.node(id)
+    }
+
+    pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
+        self.tape.node(id).value
+    }
+
+    pub fn shape(&self, id: NodeId<'s>) -> Shape {
+        self.tape.shape(id)
+    }
+
+    fn alloc_err(&self, e: AllocFail) -> Error {
+        alloc_error(e, self.op, self.location)
+    }
+
+    /// A zeroed slice of `n` elements in the arena.
+    pub fn alloc(&self, n: usize) -> Result<&'s mut [T]> {
+        self.arena.alloc_zeroed(n).map_err(|e| self.alloc_err(e))
+    }
+
+    /// A slice filled from an exact-size iterator, in one pass.
+    #[inline]
+    pub fn alloc_iter<I>(&self, iter: I) -> Result<&'s mut [T]>
+    where
+        I: IntoIterator<Item = T>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.arena.alloc_iter(iter).map_err(|e| self.alloc_err(e))
+    }
+
+    /// Appends `items` to the tape's payload list and returns their offset.
+    pub fn extra(&mut self, items: impl IntoIterator<Item = u32>) -> Result<u32> {
+        let at = self.tape.extra.len();
+        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: self.op, len: at, location: self.location })?;
+        self.tape.extra.extend(items);
+        Ok(at)
+    }
+
+    /// Stores node ids in the payload list and returns their offset.
+    pub fn store_ids(&mut self, ids: impl IntoIterator<Item = NodeId<'s>>) -> Result<u32> {
+        self.tape.store_ids(ids).map_err(|len| Error::TapeFull { op: self.op, len, location: self.location })
+    }
+
+    /// The `count` ids stored at `at`.
+    pub fn stored_ids(&self, at: u32, count: u32) -> impl Iterator<Item = NodeId<'s>> + '_ {
+        self.tape.stored_ids(at, count)
+    }
+
+    /// Resolves a possibly negative axis against `shape`.
+    pub fn axis(&self, shape: Shape, axis: isize) -> Result<usize> {
+        resolve_axis(shape.rank(), axis).ok_or(Error::BadAxis { op: self.op, axis, shape, location: self.location })
+    }
+
+    /// A shape from dimensions, or the `InvalidShape` error naming this op and `input`.
+    pub fn shape_of(&self, input: Shape, dims: &[usize]) -> Result<Shape> {
+        crate::error::shape_at(self.op, input, dims, self.location)
+    }
+
+    pub fn invalid(&self, detail: String) -> Error {
+        Error::InvalidArgument { op: self.op, detail, location: self.location }
+    }
+}
+
+/// The arena's failure as the typed error of `op` at `location`.
+pub(crate) fn alloc_error(e: AllocFail, op: &'static str, location: Loc) -> Error {
+    match e {
+        AllocFail::Limit { requested, in_use, limit } => Error::ArenaLimit { op, requested, in_use, limit, location },
+        AllocFail::Oom { requested } => Error::OutOfMemory { op, requested, location },
+    }
+}
+
+/// What an op's backward function sees.
+pub(crate) struct BackwardCtx<'a, 's, T> {
+    pub(crate) tape: &'a Tape<'s, T>,
+    pub(crate) grads: &'a mut NodeMap<'s, Option<&'s mut [T]>>,
+    pub(crate) arena: &'s Arena,
+    pub par: Par,
+    pub(crate) location: Loc,
+}
+
+impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
+    pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
+        self.tape.node(id).value
+    }
+
+    pub fn shape(&self, id: NodeId<'s>) -> Shape {
+        self.tape.shape(id)
+    }
+
+    pub fn extra(&self, at: u32, len: usize) -> &'a [u32] {
+        &self.tape.extra[at as usize..at as usize + len]
+    }
+
+    /// The `count` ids stored at `at`.
+    pub fn stored_ids(&self, at: u32, count: u32) -> impl Iterator<Item = NodeId<'s>> + 'a {
+        self.tape.stored_ids(at, count)
+    }
+
+    /// `∂L/∂out` and the (zero-initialised on first use) gradient buffer of `input`, or
+    /// `None` if `input` requires no gradient.
+    #[inline]
+    pub fn grad_pair(&mut self, out: NodeId<'s>, input: NodeId<'s>) -> Result<Option<(&[T], &mut [T])>> {
+        let node = self.tape.node(input);
+        if !node.requires_grad {
+            return Ok(None);
+        }
+        // `out` comes after `input` on the tape, so its gradient never aliases input's.
+        let (dout, slot) = self.grads.pair_mut(out, input);
+        let dout = dout.as_deref().expect("backward visits only nodes whose gradient exists");
+        if slot.is_none() {
+            let g =
+                self.arena.alloc_zeroed(node.shape.numel()).map_err(|e| alloc_error(e, "backward", self.location))?;
+            *slot = Some(g);
+        }
+        Ok(slot.as_deref_mut().map(|g| (dout, g)))
+    }
+}

@@ -124,6 +124,30 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// A backward pass from a value that no gradient-requesting leaf reaches (PyTorch:
+    /// "element 0 of tensors does not require grad").
+    #[error("{op}: the loss (shape {shape}) does not depend on any gradient-requesting leaf, so no gradient would be computed; mark inputs with Scope::leaf or Scope::param, and record the loss outside no_grad (at {location})")]
+    NoGradient {
+        /// The op (`backward`, `backward_into`, ...).
+        op: &'static str,
+        /// The loss's shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// The seed of [`Scope::backward_with`](crate::Scope::backward_with) does not have the
+    /// output's shape.
+    #[error("{op}: the seed gradient holds {len} elements but the output has shape {shape} (at {location})")]
+    SeedLength {
+        /// The op.
+        op: &'static str,
+        /// Elements in the seed.
+        len: usize,
+        /// The output's shape.
+        shape: Shape,
+        /// Caller's location.
+        location: Loc,
+    },
     /// A second backward over a tape that the first one consumed.
     #[error("backward: this tape was already consumed by a backward pass; record the graph again in a new scope, or use backward_retain for the first pass (at {location})")]
     BackwardTwice {
@@ -227,6 +251,8 @@ impl Error {
             | Error::IndexOutOfRange { op, .. }
             | Error::DataLength { op, .. }
             | Error::NotScalar { op, .. }
+            | Error::NoGradient { op, .. }
+            | Error::SeedLength { op, .. }
             | Error::ArenaLimit { op, .. }
             | Error::OutOfMemory { op, .. }
             | Error::TapeFull { op, .. }
@@ -251,6 +277,8 @@ impl Error {
             | Error::IndexOutOfRange { location, .. }
             | Error::DataLength { location, .. }
             | Error::NotScalar { location, .. }
+            | Error::NoGradient { location, .. }
+            | Error::SeedLength { location, .. }
             | Error::ArenaLimit { location, .. }
             | Error::OutOfMemory { location, .. }
             | Error::TapeFull { location, .. }

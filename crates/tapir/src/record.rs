@@ -26,8 +26,9 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         self.tape.node(id)
     }
 
+    #[inline]
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
-        self.tape.node(id).value
+        self.tape.value(id)
     }
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {
@@ -104,8 +105,9 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
 }
 
 impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
+    #[inline]
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
-        self.tape.node(id).value
+        self.tape.value(id)
     }
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {

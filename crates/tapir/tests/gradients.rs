@@ -122,6 +122,13 @@ unary_case!(leaky_relu, Draw::AwayFromZero, |_, v| v[0].leaky_relu(0.1));
 unary_case!(gelu, Draw::Any, |_, v| v[0].gelu());
 unary_case!(gelu_tanh, Draw::Any, |_, v| v[0].gelu_tanh());
 unary_case!(softplus, Draw::Any, |_, v| v[0].softplus());
+unary_case!(erf, Draw::Any, |_, v| v[0].erf());
+// log1p on (-0.5, 1.5]: Positive draws shifted down, away from the pole at -1.
+unary_case!(log1p, Draw::Positive, |_, v| (v[0] - 1.0).log1p());
+unary_case!(expm1, Draw::Any, |_, v| v[0].expm1());
+unary_case!(atan, Draw::Any, |_, v| v[0].atan());
+unary_case!(silu, Draw::Any, |_, v| v[0].silu());
+unary_case!(rsqrt, Draw::Positive, |_, v| v[0].rsqrt());
 // Bounds at ±0.1 + 1e-3 offsets never meet AwayFromZero draws at |x| >= 0.2 exactly.
 unary_case!(clamp, Draw::AwayFromZero, |_, v| v[0].clamp(-1.1, 0.9));
 unary_case!(sum_all, Draw::Any, |_, v| v[0].sum());

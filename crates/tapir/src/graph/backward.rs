@@ -17,23 +17,51 @@ use crate::record::{alloc_error, BackwardCtx};
 use crate::storage::Arena;
 use crate::Float;
 
-/// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`.
+/// What a backward pass starts from: `∂L/∂out` of the node it starts at.
+#[derive(Clone, Copy)]
+pub(crate) enum Seed<'a, T> {
+    /// `1` for a one-element loss.
+    One,
+    /// The caller's gradient, of the output's shape.
+    Given(&'a [T]),
+}
+
+/// Checks that a backward pass from `out` with `seed` can run: `op`'s errors if not.
+pub(crate) fn check<'s, T: Float>(
+    tape: &Tape<'s, T>,
+    out: NodeId<'s>,
+    seed: Seed<'_, T>,
+    op: &'static str,
+    location: Loc,
+) -> Result<()> {
+    let node = tape.node(out);
+    match seed {
+        Seed::One if node.shape.numel() != 1 => return Err(Error::NotScalar { op, shape: node.shape, location }),
+        Seed::Given(g) if g.len() != node.shape.numel() => {
+            return Err(Error::SeedLength { op, len: g.len(), shape: node.shape, location })
+        }
+        _ => {}
+    }
+    if !node.requires_grad {
+        return Err(Error::NoGradient { op, shape: node.shape, location });
+    }
+    Ok(())
+}
+
+/// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`. The
+/// caller has run [`check`].
 pub(crate) fn run<'s, T: Float>(
     tape: &mut Tape<'s, T>,
     arena: &'s Arena,
     par: Par,
-    loss: NodeId<'s>,
+    (loss, seed): (NodeId<'s>, Seed<'_, T>),
     location: Loc,
     anomaly: bool,
 ) -> Result<()> {
-    let node = tape.node(loss);
-    if node.shape.numel() != 1 {
-        return Err(Error::NotScalar { op: "backward", shape: node.shape, location });
-    }
     let mut grads: NodeMap<'s, Option<&'s mut [T]>> =
         NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
-    let result = walk(tape, &mut grads, arena, par, loss, location, anomaly);
+    let result = walk(tape, &mut grads, arena, par, (loss, seed), location, anomaly);
     // Whether or not it failed, hand the buffer back: gradients computed so far stay readable.
     tape.grads = grads.map(|g| g.map(|g| &*g));
     result
@@ -44,14 +72,15 @@ fn walk<'s, T: Float>(
     grads: &mut NodeMap<'s, Option<&'s mut [T]>>,
     arena: &'s Arena,
     par: Par,
-    loss: NodeId<'s>,
+    (loss, seed): (NodeId<'s>, Seed<'_, T>),
     location: Loc,
     anomaly: bool,
 ) -> Result<()> {
-    if !tape.node(loss).requires_grad {
-        return Ok(());
-    }
-    grads[loss] = Some(arena.alloc_fill(1, T::ONE).map_err(|e| alloc_error(e, "backward", location))?);
+    let first = match seed {
+        Seed::One => arena.alloc_fill(1, T::ONE),
+        Seed::Given(g) => arena.alloc_iter(g.iter().copied()),
+    };
+    grads[loss] = Some(first.map_err(|e| alloc_error(e, "backward", location))?);
     let mut ctx = BackwardCtx { tape, grads, arena, par, location };
     for id in tape.ids_through(loss).rev() {
         let node = tape.nodes[id.index()];

@@ -66,8 +66,10 @@ impl<'s, T: Float> Core<'s, T> {
     }
 
     /// Records one primitive op of kind `kind` (see [`record_as`](Core::record_as)).
+    /// Always inlined, so that the kind (and an elementwise op's function) is a constant
+    /// at each op's call site: the name folds away and the function's `match` with it.
     #[track_caller]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record(
         &'s self,
         kind: OpKind,
@@ -81,7 +83,7 @@ impl<'s, T: Float> Core<'s, T> {
     /// composite) and poison the scope. Leaf-making methods (`tensor`, `full`, `gt`, ...)
     /// call this with their own name; primitives go through [`record`](Core::record).
     #[track_caller]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record_as(
         &'s self,
         op: &'static str,

@@ -15,7 +15,7 @@ use std::panic::Location;
 use faer::Par;
 
 use crate::error::{Error, Loc, Result};
-use crate::graph::backward;
+use crate::graph::backward::{self, Seed};
 use crate::graph::core::Core;
 use crate::graph::tape::{Spare, Tape};
 use crate::graph::Var;
@@ -294,19 +294,46 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     ///
     /// # Errors
     /// The scope's first recording error, if any; [`Error::NotScalar`] if `loss` has more
-    /// than one element; [`Error::BackwardTwice`] after a consuming backward;
-    /// [`Error::ArenaLimit`] if the gradients do not fit under the limit;
-    /// [`Error::NonFinite`] from anomaly detection.
+    /// than one element; [`Error::NoGradient`] if no gradient-requesting leaf reaches
+    /// `loss` (a forgotten `leaf`/`param`, or a loss recorded under `no_grad`);
+    /// [`Error::BackwardTwice`] after a consuming backward; [`Error::ArenaLimit`] if the
+    /// gradients do not fit under the limit; [`Error::NonFinite`] from anomaly detection.
     #[track_caller]
     pub fn backward(&'s self, loss: Var<'s, T>) -> Result<()> {
-        self.run_backward(loss, false, Location::caller())
+        self.run_backward("backward", (loss, Seed::One), false, Location::caller(), |_| Ok(()))
     }
 
     /// As [`backward`](Scope::backward), but leaves the tape usable for another backward
     /// (each pass computes fresh gradients; they are not added to the previous ones).
     #[track_caller]
     pub fn backward_retain(&'s self, loss: Var<'s, T>) -> Result<()> {
-        self.run_backward(loss, true, Location::caller())
+        self.run_backward("backward_retain", (loss, Seed::One), true, Location::caller(), |_| Ok(()))
+    }
+
+    /// A vector-Jacobian product, like PyTorch's `out.backward(gradient=dout)`: backward
+    /// from `out` (any shape) seeded with `∂L/∂out = dout`, which holds `out`'s elements
+    /// in row-major order. Consumes the tape as [`backward`](Scope::backward) does.
+    /// Anomaly detection checks what backward computes, not the seed itself.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let x = tapir::Tensor::from_vec(vec![1.0f64, 2.0], &[2])?;
+    /// let mut g = tapir::Graph::<f64>::new();
+    /// let dx = g.scope(|s| {
+    ///     let x = s.leaf(&x);
+    ///     s.backward_with(x.square(), &[10.0, 1.0])?; // dx = dout ⊙ 2x
+    ///     Ok::<_, tapir::Error>(x.grad().unwrap().to_vec())
+    /// })?;
+    /// assert_eq!(dx, [20.0, 4.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for `backward`, with [`Error::SeedLength`] instead of `NotScalar` if `dout`
+    /// does not have `out`'s element count.
+    #[track_caller]
+    pub fn backward_with(&'s self, out: Var<'s, T>, dout: &[T]) -> Result<()> {
+        self.run_backward("backward_with", (out, Seed::Given(dout)), false, Location::caller(), |_| Ok(()))
     }
 
     /// As [`backward`](Scope::backward), then adds every parameter's gradient into
@@ -315,28 +342,31 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     ///
     /// # Errors
     /// As for `backward`, and [`Error::UnknownParam`] if `grads` does not match the store
-    /// the parameters came from. On error `grads` is unchanged.
+    /// the parameters came from. Every check runs before the tape is consumed: on error
+    /// `grads` is unchanged and the tape can still be used.
     #[track_caller]
     pub fn backward_into(&'s self, loss: Var<'s, T>, grads: &mut GradBuffer<T>) -> Result<()> {
         let location = Location::caller();
-        self.run_backward(loss, false, location)?;
-        let tape = self.core.tape.borrow();
-        // Check every parameter first, so that a mismatch changes nothing.
-        for node in tape.nodes.iter().map(|n| tape.view(n)) {
-            if let Op::Param(p) = node.op {
-                if grads.shape(p as usize) != Some(node.shape) {
-                    return Err(Error::UnknownParam {
-                        op: "backward_into",
-                        detail: format!(
-                            "parameter #{p} has shape {} but the gradient buffer holds {}",
-                            node.shape,
-                            grads.shape(p as usize).map_or("no such parameter".to_string(), |s| s.to_string())
-                        ),
-                        location,
-                    });
+        let check_params = |tape: &Tape<'s, T>| {
+            for node in tape.nodes.iter().map(|n| tape.view(n)) {
+                if let Op::Param(p) = node.op {
+                    if grads.shape(p as usize) != Some(node.shape) {
+                        return Err(Error::UnknownParam {
+                            op: "backward_into",
+                            detail: format!(
+                                "parameter #{p} has shape {} but the gradient buffer holds {}",
+                                node.shape,
+                                grads.shape(p as usize).map_or("no such parameter".to_string(), |s| s.to_string())
+                            ),
+                            location,
+                        });
+                    }
                 }
             }
-        }
+            Ok(())
+        };
+        self.run_backward("backward_into", (loss, Seed::One), false, location, check_params)?;
+        let tape = self.core.tape.borrow();
         for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
             if let (Op::Param(p), Some(g)) = (node.op, g) {
                 crate::kernels::add_assign(grads.slot_mut(p as usize), g);
@@ -345,7 +375,16 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         Ok(())
     }
 
-    fn run_backward(&'s self, loss: Var<'s, T>, retain: bool, location: Loc) -> Result<()> {
+    /// Runs every check (the scope's error, a consumed tape, the seed, `check`) before
+    /// the pass, so that a failed check leaves the tape as it was.
+    fn run_backward(
+        &'s self,
+        op: &'static str,
+        (out, seed): (Var<'s, T>, Seed<'_, T>),
+        retain: bool,
+        location: Loc,
+        check: impl FnOnce(&Tape<'s, T>) -> Result<()>,
+    ) -> Result<()> {
         let mut tape = self.core.tape.borrow_mut();
         if let Some(e) = &tape.error {
             return Err(e.clone());
@@ -353,7 +392,9 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         if tape.consumed {
             return Err(Error::BackwardTwice { location });
         }
-        backward::run(&mut tape, self.core.arena, self.core.par, loss.id, location, self.core.anomaly)?;
+        backward::check(&tape, out.id, seed, op, location)?;
+        check(&tape)?;
+        backward::run(&mut tape, self.core.arena, self.core.par, (out.id, seed), location, self.core.anomaly)?;
         tape.consumed = !retain;
         Ok(())
     }

@@ -194,6 +194,12 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         }
     }
 
+    /// The value of node `id`.
+    #[inline]
+    pub(crate) fn value(&self, id: NodeId<'s>) -> &'s [T] {
+        self.nodes[id.index()].value
+    }
+
     /// The shape of node `id`.
     #[inline]
     pub(crate) fn shape(&self, id: NodeId<'s>) -> Shape {

@@ -170,6 +170,8 @@ pub(crate) trait GradMap<T> {
     type Out;
     /// Applies `d` to every `(x, y)` pair.
     fn map(self, d: impl Fn(T, T) -> T) -> Self::Out;
+    /// As `map` for a constant derivative `c`.
+    fn scale(self, c: T) -> Self::Out;
 }
 
 /// `out[i] = f(x[i])`.
@@ -193,6 +195,14 @@ pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: 
 pub(crate) fn add_assign<T: Float>(dst: &mut [T], src: &[T]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d += s;
+    }
+}
+
+/// `dst[i] += c · src[i]`.
+#[inline]
+pub(crate) fn axpy<T: Float>(dst: &mut [T], c: T, src: &[T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += c * s;
     }
 }
 

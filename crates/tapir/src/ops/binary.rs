@@ -51,6 +51,7 @@ macro_rules! binary_fns {
             pub const ALL: &'static [BinaryFn] = &[$(BinaryFn::$f),*];
 
             /// The name of the method (or operator's method) that records it.
+            #[inline]
             pub const fn name(self) -> &'static str {
                 match self {
                     $(BinaryFn::$f => $name,)*

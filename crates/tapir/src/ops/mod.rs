@@ -55,6 +55,7 @@ macro_rules! op_kinds {
 
         impl OpKind {
             /// The name the caller knows the op by: the method that records it.
+            #[inline]
             pub const fn name(self) -> &'static str {
                 match self {
                     OpKind::Unary(f) => f.name(),
@@ -323,6 +324,7 @@ impl<'s, T> Op<'s, T> {
 impl<'s, T: Float> Op<'s, T> {
     /// Adds this node's contribution to its inputs' gradients: `out` is the node's id.
     /// A flat, exhaustive match: a new variant does not compile until it has a backward.
+    #[inline]
     pub(crate) fn backward(self, ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>) -> Result<()> {
         use Op::*;
         match self {

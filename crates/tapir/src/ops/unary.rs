@@ -36,6 +36,7 @@
 //! loop, so each function keeps its own (vectorisable) inner loop.
 
 use crate::error::Result;
+use crate::graph::tape::Tape;
 use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
     erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
@@ -45,15 +46,28 @@ use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, Rec};
 use crate::Float;
 
+/// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
+/// derivative that does not depend on `x` (backward is then `dx += f'·dout`, which reads
+/// neither the input nor the output).
+macro_rules! derivative {
+    (d, $m:ident, |$x:ident, $y:ident| $e:expr) => {
+        $m.map(move |$x: T, $y: T| $e)
+    };
+    (dconst, $m:ident, |$x:ident, $y:ident| $e:expr) => {
+        $m.scale($e)
+    };
+}
+
 macro_rules! unary_fns {
     ($(
         $(#[$doc:meta])*
-        $f:ident $name:literal: |$x:ident, $c:ident| $forward:expr, d |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
+        $f:ident $name:literal: |$x:ident, $c:ident| $forward:expr, $d:ident |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
     )*) => {
         /// An elementwise unary function: the kind of a [`Var`] method such as
         /// [`exp`](Var::exp) or [`clamp`](Var::clamp). Its [`name`](UnaryFn::name) is the method's.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
+        #[repr(u8)]
         pub enum UnaryFn {
             $($(#[$doc])* $f,)*
         }
@@ -62,7 +76,17 @@ macro_rules! unary_fns {
             /// Every function, in table order.
             pub const ALL: &'static [UnaryFn] = &[$(UnaryFn::$f),*];
 
+            /// The function whose discriminant is `code` (a `const` generic argument of
+            /// the recording method, so that each method's `match` folds away).
+            const fn from_code(code: u8) -> UnaryFn {
+                $(if code == UnaryFn::$f as u8 {
+                    return UnaryFn::$f;
+                })*
+                panic!("a code made from a UnaryFn")
+            }
+
             /// The name of the method that records it.
+            #[inline]
             pub const fn name(self) -> &'static str {
                 match self {
                     $(UnaryFn::$f => $name,)*
@@ -86,7 +110,7 @@ macro_rules! unary_fns {
                 match self {
                     $(UnaryFn::$f => {
                         let $dc = c;
-                        m.map(move |$dx: T, $dy: T| $derivative)
+                        derivative!($d, m, |$dx, $dy| $derivative)
                     })*
                 }
             }
@@ -96,11 +120,11 @@ macro_rules! unary_fns {
 
 unary_fns! {
     /// `-x`.
-    Neg "neg": |x, _c| -x, d |_x, _y, _c| -T::ONE;
+    Neg "neg": |x, _c| -x, dconst |_x, _y, _c| -T::ONE;
     /// `x + c`.
-    AddScalar "add_scalar": |x, c| x + c[0], d |_x, _y, _c| T::ONE;
+    AddScalar "add_scalar": |x, c| x + c[0], dconst |_x, _y, _c| T::ONE;
     /// `c·x`.
-    MulScalar "mul_scalar": |x, c| x * c[0], d |_x, _y, c| c[0];
+    MulScalar "mul_scalar": |x, c| x * c[0], dconst |_x, _y, c| c[0];
     /// `x^p`.
     Powf "powf": |x, c| x.powf(c[0]),
         d |x, _y, c| if c[0] == T::ZERO { T::ZERO } else { c[0] * x.powf(c[0] - T::ONE) };
@@ -166,26 +190,35 @@ impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     }
 }
 
-/// Backward: `dx += dout ⊙ f'(x, y)`.
-struct Grad<'a, T> {
+/// Backward: `dx += dout ⊙ f'(x, y)`. The values of `x` and `y` are looked up only for
+/// derivatives that read them.
+struct Grad<'a, 's, T> {
+    tape: &'a Tape<'s, T>,
+    x: NodeId<'s>,
+    y: NodeId<'s>,
     dout: &'a [T],
-    x: &'a [T],
-    y: &'a [T],
     dx: &'a mut [T],
 }
 
-impl<T: Float> GradMap<T> for Grad<'_, T> {
+impl<T: Float> GradMap<T> for Grad<'_, '_, T> {
     type Out = ();
     #[inline]
     fn map(self, d: impl Fn(T, T) -> T) {
-        kernels::map_grad(self.dout, self.x, self.y, self.dx, d);
+        kernels::map_grad(self.dout, self.tape.value(self.x), self.tape.value(self.y), self.dx, d);
+    }
+    #[inline]
+    fn scale(self, c: T) {
+        kernels::axpy(self.dx, c, self.dout);
     }
 }
 
 impl<'s, T: Float> Var<'s, T> {
+    /// Records `F(self)`, `F` a [`UnaryFn`]'s code: each function gets its own copy of
+    /// this method, in which the function is a constant.
     #[track_caller]
-    #[inline]
-    fn unary(self, f: UnaryFn, c: [T; 2]) -> Var<'s, T> {
+    #[inline(always)]
+    fn unary<const F: u8>(self, c: [T; 2]) -> Var<'s, T> {
+        let f = const { UnaryFn::from_code(F) };
         self.core.record(OpKind::Unary(f), |r| {
             let n = r.node(self.id);
             let out = f.forward(c, Record { r, x: n.value })?;
@@ -196,151 +229,151 @@ impl<'s, T: Float> Var<'s, T> {
     /// `-x`. (Also the `-` operator.)
     #[track_caller]
     pub(crate) fn neg_(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Neg, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Neg as u8 }>([T::ZERO; 2])
     }
 
     /// `x + c` for a scalar `c`. (Also `x + c`, `c + x` and `x - c`.)
     #[track_caller]
     pub fn add_scalar(self, c: T) -> Var<'s, T> {
-        self.unary(UnaryFn::AddScalar, [c, T::ZERO])
+        self.unary::<{ UnaryFn::AddScalar as u8 }>([c, T::ZERO])
     }
 
     /// `c·x` for a scalar `c`. (Also `x * c`, `c * x` and `x / c`.)
     #[track_caller]
     pub fn mul_scalar(self, c: T) -> Var<'s, T> {
-        self.unary(UnaryFn::MulScalar, [c, T::ZERO])
+        self.unary::<{ UnaryFn::MulScalar as u8 }>([c, T::ZERO])
     }
 
     /// `x^p` for a scalar exponent `p`; the gradient is 0 everywhere when `p = 0`.
     #[track_caller]
     pub fn powf(self, p: T) -> Var<'s, T> {
-        self.unary(UnaryFn::Powf, [p, T::ZERO])
+        self.unary::<{ UnaryFn::Powf as u8 }>([p, T::ZERO])
     }
 
     /// `eˣ`.
     #[track_caller]
     pub fn exp(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Exp, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Exp as u8 }>([T::ZERO; 2])
     }
 
     /// Natural logarithm.
     #[track_caller]
     pub fn log(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Log, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Log as u8 }>([T::ZERO; 2])
     }
 
     /// `ln(1 + x)`, accurate for small `|x|`; `log1p(-1) = -∞` with gradient `∞`.
     #[track_caller]
     pub fn log1p(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Log1p, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Log1p as u8 }>([T::ZERO; 2])
     }
 
     /// `eˣ − 1`, accurate for small `|x|`.
     #[track_caller]
     pub fn expm1(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Expm1, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Expm1 as u8 }>([T::ZERO; 2])
     }
 
     /// Square root.
     #[track_caller]
     pub fn sqrt(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Sqrt, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Sqrt as u8 }>([T::ZERO; 2])
     }
 
     /// `1/√x`; `rsqrt(0) = ∞` with gradient `-∞`, NaN for `x < 0`.
     #[track_caller]
     pub fn rsqrt(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Rsqrt, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Rsqrt as u8 }>([T::ZERO; 2])
     }
 
     /// `x²`.
     #[track_caller]
     pub fn square(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Square, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Square as u8 }>([T::ZERO; 2])
     }
 
     /// `1/x`.
     #[track_caller]
     pub fn recip(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Recip, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Recip as u8 }>([T::ZERO; 2])
     }
 
     /// `|x|` (gradient 0 at 0).
     #[track_caller]
     pub fn abs(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Abs, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Abs as u8 }>([T::ZERO; 2])
     }
 
     /// Sine.
     #[track_caller]
     pub fn sin(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Sin, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Sin as u8 }>([T::ZERO; 2])
     }
 
     /// Cosine.
     #[track_caller]
     pub fn cos(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Cos, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Cos as u8 }>([T::ZERO; 2])
     }
 
     /// Hyperbolic tangent.
     #[track_caller]
     pub fn tanh(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Tanh, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Tanh as u8 }>([T::ZERO; 2])
     }
 
     /// Arctangent, in `(−π/2, π/2)`.
     #[track_caller]
     pub fn atan(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Atan, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Atan as u8 }>([T::ZERO; 2])
     }
 
     /// The error function `erf x = 2/√π ∫₀ˣ e^(−t²) dt`.
     #[track_caller]
     pub fn erf(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Erf, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Erf as u8 }>([T::ZERO; 2])
     }
 
     /// Logistic sigmoid `1/(1+e⁻ˣ)`, stable for large `|x|`.
     #[track_caller]
     pub fn sigmoid(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Sigmoid, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Sigmoid as u8 }>([T::ZERO; 2])
     }
 
     /// `max(x, 0)` (gradient 0 at 0; NaN stays NaN).
     #[track_caller]
     pub fn relu(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Relu, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Relu as u8 }>([T::ZERO; 2])
     }
 
     /// `x` for `x > 0`, else `slope·x`.
     #[track_caller]
     pub fn leaky_relu(self, slope: T) -> Var<'s, T> {
-        self.unary(UnaryFn::LeakyRelu, [slope, T::ZERO])
+        self.unary::<{ UnaryFn::LeakyRelu as u8 }>([slope, T::ZERO])
     }
 
     /// GELU with the exact normal CDF: `x·Φ(x)`.
     #[track_caller]
     pub fn gelu(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Gelu, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Gelu as u8 }>([T::ZERO; 2])
     }
 
     /// GELU with the tanh approximation used by GPT-2 and BERT.
     #[track_caller]
     pub fn gelu_tanh(self) -> Var<'s, T> {
-        self.unary(UnaryFn::GeluTanh, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::GeluTanh as u8 }>([T::ZERO; 2])
     }
 
     /// `ln(1 + eˣ)`, computed without overflow.
     #[track_caller]
     pub fn softplus(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Softplus, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Softplus as u8 }>([T::ZERO; 2])
     }
 
     /// SiLU (swish): `x·σ(x)`.
     #[track_caller]
     pub fn silu(self) -> Var<'s, T> {
-        self.unary(UnaryFn::Silu, [T::ZERO; 2])
+        self.unary::<{ UnaryFn::Silu as u8 }>([T::ZERO; 2])
     }
 
     /// `min(max(x, lo), hi)`; NaN stays NaN.
@@ -360,11 +393,12 @@ impl<'s, T: Float> Var<'s, T> {
                 location,
             });
         }
-        self.unary(UnaryFn::Clamp, [lo, hi])
+        self.unary::<{ UnaryFn::Clamp as u8 }>([lo, hi])
     }
 }
 
 /// `dx += dout ⊙ f'(x)` for `out = f(x)`.
+#[inline]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -372,9 +406,9 @@ pub(crate) fn backward<'s, T: Float>(
     x: NodeId<'s>,
     c: [T; 2],
 ) -> Result<()> {
-    let (xv, yv) = (ctx.value(x), ctx.value(out));
+    let tape = ctx.tape;
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        f.derivative(c, Grad { dout, x: xv, y: yv, dx });
+        f.derivative(c, Grad { tape, x, y: out, dout, dx });
     }
     Ok(())
 }

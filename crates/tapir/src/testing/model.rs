@@ -31,6 +31,8 @@ pub(crate) fn variant(e: &Error) -> &'static str {
         Error::IndexOutOfRange { .. } => "IndexOutOfRange",
         Error::DataLength { .. } => "DataLength",
         Error::NotScalar { .. } => "NotScalar",
+        Error::NoGradient { .. } => "NoGradient",
+        Error::SeedLength { .. } => "SeedLength",
         Error::BackwardTwice { .. } => "BackwardTwice",
         Error::ArenaLimit { .. } => "ArenaLimit",
         Error::OutOfMemory { .. } => "OutOfMemory",

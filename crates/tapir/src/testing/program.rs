@@ -638,10 +638,11 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
             (Some((_, first)), Err(e)) => first == e,
             (Some(_), Ok(())) => false,
             (None, Err(e @ Error::ArenaLimit { .. })) => self.p.honest_limit(e) && e.op() == "backward",
-            (None, Err(Error::NotScalar { op: "backward", .. })) => loss.shape().numel() != 1,
+            (None, Err(Error::NotScalar { op, .. })) => op.starts_with("backward") && loss.shape().numel() != 1,
             (None, Err(Error::BackwardTwice { .. })) => consumed && loss.shape().numel() == 1,
+            (None, Err(Error::NoGradient { .. })) => !consumed && loss.shape().numel() == 1 && !loss.requires_grad(),
             (None, Err(_)) => false,
-            (None, Ok(())) => !consumed && loss.shape().numel() == 1,
+            (None, Ok(())) => !consumed && loss.shape().numel() == 1 && loss.requires_grad(),
         };
         if !ok {
             return Err(self.fail(at, format!("backward returned {got:?} (consumed: {consumed})")));

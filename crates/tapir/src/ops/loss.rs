@@ -3,7 +3,7 @@
 //! - `cross_entropy(logits [N, C], labels)`: `L = (1/N) Σᵢ (lse(xᵢ) − xᵢ[yᵢ])`, fused and
 //!   stable; `dx[i, c] += dout/N · (softmax(xᵢ)[c] − [c = yᵢ])`.
 //! - `nll_loss(logp [N, C], labels)`: `L = −(1/N) Σᵢ logpᵢ[yᵢ]`; `dlogp[i, yᵢ] += −dout/N`.
-//! - `bce_with_logits(x, y)`: `L = mean(max(x, 0) − x·y + ln(1 + e^−|x|))`;
+//! - `bce_with_logits(x, y)`: `L = mean(max(x, 0) − x·y + ln(1 + e^−|x|))`, fused;
 //!   `dx += dout/n · (σ(x) − y)`, `dy += dout/n · (−x)`.
 //! - `mse_loss(a, b)`: `mean((a − b)²)`, composed from `sub`, `square` and `mean`.
 
@@ -88,17 +88,17 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::ShapeMismatch`] (recorded) if the shapes differ.
     #[track_caller]
     pub fn bce_with_logits(self, y: Var<'s, T>) -> Var<'s, T> {
-        let _name = self.core.composite("bce_with_logits");
-        let each = self.core.record(OpKind::BceWithLogits, |r| {
+        self.core.record(OpKind::BceWithLogits, |r| {
             let (sx, sy) = (r.shape(self.id), r.shape(y.id));
             if sx != sy {
                 return Err(Error::ShapeMismatch { op: r.op, lhs: sx, rhs: sy, location: r.location });
             }
             let (x, t) = (r.value(self.id), r.value(y.id));
-            let out = r.alloc_iter(x.iter().zip(t).map(|(&x, &t)| softplus(x) - x * t))?;
-            Ok((Op::BceWithLogits { x: self.id, y: y.id }, sx, out))
-        });
-        each.mean()
+            let total: T = x.iter().zip(t).map(|(&x, &t)| softplus(x) - x * t).sum();
+            // The mean of nothing is NaN, as for `mean`.
+            let out = r.alloc_iter(std::iter::once(total / T::from_usize(sx.numel())))?;
+            Ok((Op::BceWithLogits { x: self.id, y: y.id }, Shape::scalar(), out))
+        })
     }
 
     /// Mean squared error `mean((self − target)²)`; shapes broadcast.
@@ -159,13 +159,16 @@ pub(crate) fn backward_bce<'s, T: Float>(
     y: NodeId<'s>,
 ) -> Result<()> {
     let (xv, yv) = (ctx.value(x), ctx.value(y));
+    let n = T::from_usize(xv.len());
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        for ((d, (&g, &xi)), &yi) in dx.iter_mut().zip(dout.iter().zip(xv)).zip(yv) {
+        let g = dout[0] / n;
+        for (d, (&xi, &yi)) in dx.iter_mut().zip(xv.iter().zip(yv)) {
             *d += g * (sigmoid(xi) - yi);
         }
     }
     if let Some((dout, dy)) = ctx.grad_pair(out, y)? {
-        for (d, (&g, &xi)) in dy.iter_mut().zip(dout.iter().zip(xv)) {
+        let g = dout[0] / n;
+        for (d, &xi) in dy.iter_mut().zip(xv) {
             *d -= g * xi;
         }
     }

@@ -1,0 +1,73 @@
+//! [`Comm`]: the few collectives data-parallel training needs, so that everything above
+//! them (the reduction arithmetic, start-up checks, fault propagation, checkpoints) is
+//! ordinary code that also runs, and is tested, without MPI through [`Local`].
+//!
+//! The MPI implementation is [`crate::Mpi`] (feature `mpi`). Every method is collective:
+//! every rank calls it, in the same order, or the job hangs (MPI's rule, not ours).
+
+use tapir::Float;
+
+/// Collectives over a fixed group of ranks `0..size`.
+pub trait Comm {
+    /// This process's rank, in `0..size()`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// `recv[i] = Σ_ranks send[i]` on every rank. `send` and `recv` have equal lengths.
+    fn all_reduce_sum<T: Float>(&self, send: &[T], recv: &mut [T]);
+
+    /// `recv[i] = Σ_ranks send[i]` on rank 0; `recv` is left as it was elsewhere.
+    fn reduce_sum_to_root<T: Float>(&self, send: &[T], recv: &mut [T]);
+
+    /// Copies `root`'s `buf` into every rank's `buf` (equal lengths everywhere).
+    fn broadcast<T: Float>(&self, root: usize, buf: &mut [T]);
+
+    /// Copies `root`'s `buf` into every rank's `buf`, resizing it (two calls: length, bytes).
+    fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>);
+
+    /// `out[r]` = rank `r`'s `value`, on every rank; `out.len() == size()`.
+    fn all_gather_u64(&self, value: u64, out: &mut [u64]);
+
+    /// Ends every rank of the job at once (`MPI_Abort`), after printing `message` here.
+    fn abort(&self, code: i32, message: &str) -> !;
+}
+
+/// The single-process communicator: rank 0 of 1, every collective a copy.
+///
+/// Training with `Local` is exactly single-process training, which is what the default
+/// (MPI-free) test run uses to check the reduction arithmetic.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Local;
+
+impl Comm for Local {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn all_reduce_sum<T: Float>(&self, send: &[T], recv: &mut [T]) {
+        recv.copy_from_slice(send);
+    }
+
+    fn reduce_sum_to_root<T: Float>(&self, send: &[T], recv: &mut [T]) {
+        recv.copy_from_slice(send);
+    }
+
+    fn broadcast<T: Float>(&self, _root: usize, _buf: &mut [T]) {}
+
+    fn broadcast_bytes(&self, _root: usize, _buf: &mut Vec<u8>) {}
+
+    fn all_gather_u64(&self, value: u64, out: &mut [u64]) {
+        out[0] = value;
+    }
+
+    fn abort(&self, code: i32, message: &str) -> ! {
+        eprintln!("rank 0 of 1 aborting: {message}");
+        std::process::exit(code)
+    }
+}

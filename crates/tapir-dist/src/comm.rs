@@ -71,3 +71,39 @@ impl Comm for Local {
         std::process::exit(code)
     }
 }
+
+/// A borrowed communicator is one too, so that several [`DataParallel`](crate::DataParallel)s
+/// (one per model) can share a process's single MPI world.
+impl<C: Comm> Comm for &C {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+
+    fn all_reduce_sum<T: Float>(&self, send: &[T], recv: &mut [T]) {
+        (**self).all_reduce_sum(send, recv);
+    }
+
+    fn reduce_sum_to_root<T: Float>(&self, send: &[T], recv: &mut [T]) {
+        (**self).reduce_sum_to_root(send, recv);
+    }
+
+    fn broadcast<T: Float>(&self, root: usize, buf: &mut [T]) {
+        (**self).broadcast(root, buf);
+    }
+
+    fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) {
+        (**self).broadcast_bytes(root, buf);
+    }
+
+    fn all_gather_u64(&self, value: u64, out: &mut [u64]) {
+        (**self).all_gather_u64(value, out);
+    }
+
+    fn abort(&self, code: i32, message: &str) -> ! {
+        (**self).abort(code, message)
+    }
+}

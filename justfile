@@ -8,6 +8,11 @@ demo ITERS="0":
 test:
     cargo test --workspace
 
+# tapir-dist under mpirun with 1, 2 and 4 ranks (installs OpenMPI from Debian's packages if missing).
+test-mpi *RANKS:
+    .ci/install-mpi
+    crates/tapir-dist/tests/run-mpi.sh {{RANKS}}
+
 # Format, clippy and docs, with warnings as errors.
 lint:
     cargo fmt --all --check

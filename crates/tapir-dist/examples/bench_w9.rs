@@ -1,1 +1,3 @@
+//! Placeholder.
+
 fn main() {}

@@ -134,6 +134,12 @@ pub fn read_metadata(bytes: &[u8]) -> tapir::Result<HashMap<String, String>> {
     Ok(meta.metadata().clone().unwrap_or_default())
 }
 
+/// Tensors with their names, as a checkpoint holds them.
+pub type NamedTensors<T> = Vec<(String, Tensor<T>)>;
+
+/// Header metadata as key-value pairs.
+pub type Metadata = Vec<(String, String)>;
+
 /// An optimizer's state as named tensors and metadata, for a checkpoint: buffer `b` of
 /// parameter `name` becomes the tensor `"{prefix}{b}.{name}"` (shaped like the parameter),
 /// and the metadata holds `"{prefix}kind"`, `"{prefix}steps"` and `"{prefix}lr"` (the
@@ -145,7 +151,7 @@ pub fn optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
     store: &ParamStore<T>,
     opt: &O,
     prefix: &str,
-) -> tapir::Result<(Vec<(String, Tensor<T>)>, Vec<(String, String)>)> {
+) -> tapir::Result<(NamedTensors<T>, Metadata)> {
     let mut tensors = Vec::new();
     for (buffer, per_param) in opt.buffers() {
         if per_param.len() != store.len() {

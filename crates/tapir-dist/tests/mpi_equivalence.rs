@@ -105,13 +105,7 @@ fn check_case<T: Float>(comm: &Mpi, case: &Case, tol: f64) {
         ensure(
             comm,
             lerr <= tol,
-            format!(
-                "{} ({}), step {step}: loss {} vs {} (rel {lerr:.2e})",
-                case.name,
-                T::NAME,
-                m[0],
-                want_loss
-            ),
+            format!("{} ({}), step {step}: loss {} vs {} (rel {lerr:.2e})", case.name, T::NAME, m[0], want_loss),
         );
     }
     let err = rel_err(&flat(&store), &want);

@@ -71,6 +71,7 @@ pub fn to_bytes<T: Float, O: Stateful<T> + ?Sized>(
 /// # Errors
 /// [`Error::InvalidArgument`] naming the first missing or mismatched entry (a parameter,
 /// an optimizer buffer, a metadata field).
+#[track_caller]
 pub fn from_bytes<T: Float, O: Stateful<T> + ?Sized>(
     store: &mut ParamStore<T>,
     opt: &mut O,
@@ -159,6 +160,7 @@ fn write_file<T: Float, O: Stateful<T> + ?Sized>(
 /// # Errors
 /// [`Error::RankFailed`] on every rank if rank 0 cannot read the file or it does not
 /// match the model and optimizer (nothing is loaded anywhere then).
+#[track_caller]
 pub fn load<T: Float, C: Comm, O: Stateful<T> + ?Sized>(
     dp: &mut DataParallel<T, C>,
     path: impl AsRef<Path>,

@@ -107,3 +107,106 @@ impl<C: Comm> Comm for &C {
         (**self).abort(code, message)
     }
 }
+
+/// `size` threads posing as ranks, for testing the multi-rank logic without MPI: each
+/// collective writes this rank's bytes into a shared slot, waits at a barrier, reads the
+/// slots it needs and waits again. Sums run in rank order, like a reduction to one root.
+#[cfg(test)]
+pub(crate) mod threads {
+    use std::sync::{Barrier, Mutex};
+
+    use tapir::Float;
+
+    use super::Comm;
+
+    fn values<T: Float>(bytes: &[u8]) -> Vec<T> {
+        bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct Threads<'a> {
+        rank: usize,
+        size: usize,
+        barrier: &'a Barrier,
+        slots: &'a Mutex<Vec<Vec<u8>>>,
+    }
+
+    /// Runs `f` on `size` threads, one per rank, and returns their results in rank order.
+    pub(crate) fn run<R: Send>(size: usize, f: impl Fn(Threads<'_>) -> R + Sync) -> Vec<R> {
+        let barrier = Barrier::new(size);
+        let slots = Mutex::new(vec![Vec::new(); size]);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..size)
+                .map(|rank| {
+                    let comm = Threads { rank, size, barrier: &barrier, slots: &slots };
+                    let f = &f;
+                    s.spawn(move || f(comm))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+        })
+    }
+
+    impl Threads<'_> {
+        /// Publishes `bytes` as this rank's slot, then returns every slot.
+        fn exchange(&self, bytes: Vec<u8>) -> Vec<Vec<u8>> {
+            self.slots.lock().unwrap()[self.rank] = bytes;
+            self.barrier.wait();
+            let all = self.slots.lock().unwrap().clone();
+            self.barrier.wait();
+            all
+        }
+
+        fn sum<T: Float>(&self, send: &[T], recv: &mut [T]) {
+            let all = self.exchange(bytemuck::cast_slice(send).to_vec());
+            recv.fill(T::ZERO);
+            for slot in all {
+                let v: Vec<T> = values(&slot);
+                recv.iter_mut().zip(v).for_each(|(r, v)| *r += v);
+            }
+        }
+    }
+
+    impl Comm for Threads<'_> {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+
+        fn size(&self) -> usize {
+            self.size
+        }
+
+        fn all_reduce_sum<T: Float>(&self, send: &[T], recv: &mut [T]) {
+            self.sum(send, recv);
+        }
+
+        fn reduce_sum_to_root<T: Float>(&self, send: &[T], recv: &mut [T]) {
+            let mut tmp = vec![T::ZERO; recv.len()];
+            self.sum(send, &mut tmp);
+            if self.rank == 0 {
+                recv.copy_from_slice(&tmp);
+            }
+        }
+
+        fn broadcast<T: Float>(&self, root: usize, buf: &mut [T]) {
+            let all = self.exchange(bytemuck::cast_slice(buf).to_vec());
+            buf.copy_from_slice(&values::<T>(&all[root]));
+        }
+
+        fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) {
+            let all = self.exchange(buf.clone());
+            buf.clone_from(&all[root]);
+        }
+
+        fn all_gather_u64(&self, value: u64, out: &mut [u64]) {
+            let all = self.exchange(value.to_le_bytes().to_vec());
+            for (o, slot) in out.iter_mut().zip(all) {
+                *o = u64::from_le_bytes(slot.try_into().expect("8 bytes per rank"));
+            }
+        }
+
+        fn abort(&self, code: i32, message: &str) -> ! {
+            panic!("rank {} aborted with code {code}: {message}", self.rank)
+        }
+    }
+}

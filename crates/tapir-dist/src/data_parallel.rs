@@ -60,6 +60,7 @@ pub struct DataParallel<T: Float, C: Comm> {
     comm: C,
     reduction: Reduction,
     ids: Vec<ParamId>,
+    names: Vec<String>,
     shapes: Vec<Shape>,
     numel: usize,
     send: Vec<T>,
@@ -113,11 +114,13 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
         let ids: Vec<ParamId> = store.iter().map(|(id, _, _)| id).collect();
         let shapes: Vec<Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
+        let names: Vec<String> = store.iter().map(|(_, n, _)| n.to_string()).collect();
         let numel = store.numel();
         let len = numel + 1 + comm.size();
         let mut dp = DataParallel {
             reduction: Reduction::default(),
             ids,
+            names,
             shapes,
             numel,
             send: vec![T::ZERO; len],
@@ -171,6 +174,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
     }
 
+    #[track_caller]
     fn check_grads(&self, op: &'static str, grads: &GradBuffer<T>) -> Result<()> {
         if grads.len() != self.ids.len() {
             return Err(invalid(
@@ -178,11 +182,11 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
                 format!("the model has {} parameters but the gradient buffer {}", self.ids.len(), grads.len()),
             ));
         }
-        for (&id, &shape) in self.ids.iter().zip(&self.shapes) {
+        for ((&id, &shape), name) in self.ids.iter().zip(&self.shapes).zip(&self.names) {
             let got = grads.get(id).map(|g| g.shape());
             if got != Some(shape) {
                 let got = got.map_or("nothing".to_string(), |s| s.to_string());
-                return Err(invalid(op, format!("parameter {} has shape {shape} but its gradient {got}", id.index())));
+                return Err(invalid(op, format!("parameter {name:?} has shape {shape} but its gradient {got}")));
             }
         }
         Ok(())
@@ -196,8 +200,23 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `grads` does not match the model.
+    #[track_caller]
     pub fn accumulate(&mut self, grads: &mut GradBuffer<T>, samples: usize) -> Result<()> {
-        self.check_grads("DataParallel::accumulate", grads)?;
+        const OP: &str = "DataParallel::accumulate";
+        self.check_grads(OP, grads)?;
+        // The sample count travels in the gradient buffer, as `T`: exact up to 2^24 in f32.
+        let limit = if T::NAME == "f32" { 1usize << 24 } else { 1usize << 53 };
+        if self.pending + samples > limit / self.comm.size() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{} samples pending on each of {} ranks exceed {limit}, the largest count {} holds exactly",
+                    self.pending + samples,
+                    self.comm.size(),
+                    T::NAME
+                ),
+            ));
+        }
         let w = T::from_usize(samples);
         let mut at = 0;
         for &id in &self.ids {
@@ -225,6 +244,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     /// [`Error::RankFailed`] if another rank called [`DataParallel::fail`] (or its
     /// [`DataParallel::step`] closure failed); [`Error::InvalidArgument`] if `grads` does
     /// not match the model, or no rank had a sample (on every rank).
+    #[track_caller]
     pub fn all_reduce(&mut self, grads: &mut GradBuffer<T>) -> Result<Reduced> {
         const OP: &str = "DataParallel::all_reduce";
         // A mismatched buffer is this rank's failure: the others must hear of it.
@@ -257,6 +277,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     /// # Errors
     /// [`Error::RankFailed`] (on every rank) if any rank's `local` failed; as
     /// [`DataParallel::all_reduce`].
+    #[track_caller]
     pub fn step<E, F>(&mut self, grads: &mut GradBuffer<T>, local: F) -> Result<Reduced>
     where
         E: std::fmt::Display,
@@ -332,6 +353,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] on every rank if the weights sum to zero.
+    #[track_caller]
     pub fn mean_metrics(&mut self, values: &mut [f64], weight: f64) -> Result<()> {
         let n = values.len();
         if self.metrics_send.len() < n + 1 {
@@ -487,7 +509,8 @@ mod tests {
         assert!(e.contains("no rank had a sample"), "{e}");
         let other = store(3).zeros_like();
         let e = dp.accumulate(&mut other.clone(), 1).unwrap_err().to_string();
-        assert!(e.contains("shape [2] but its gradient [3]"), "{e}");
+        assert!(e.contains("parameter \"w\" has shape [2] but its gradient [3]"), "{e}");
+        assert!(dp.accumulate(&mut s.zeros_like(), 1 << 60).is_err());
     }
 
     #[test]
@@ -501,6 +524,78 @@ mod tests {
         dp.check_in_sync(&s).unwrap();
         assert_eq!(dp.agree(Ok::<_, String>(3)).unwrap(), 3);
         assert!(dp.agree(Err::<(), _>("no file")).unwrap_err().to_string().contains("no file"));
+    }
+
+    use crate::comm::threads;
+
+    #[test]
+    fn three_ranks_weight_uneven_shards_and_agree_bitwise() {
+        let out = threads::run(3, |comm| {
+            // Every rank starts elsewhere; rank 0's values win.
+            let mut s = store(2);
+            let w = s.find("w").unwrap();
+            s.get_mut(w).unwrap().data_mut().fill(comm.rank() as f64 * 10.0);
+            let mut dp = DataParallel::new(comm, &mut s).unwrap();
+            let mut grads = s.zeros_like();
+            // Ranks hold 2, 1 and 0 samples of {1, 2, 6}: the global mean of x is 3.
+            let xs: &[f64] = [&[1.0, 2.0][..], &[6.0][..], &[][..]][dp.rank()];
+            let r = dp
+                .step(&mut grads, |g| {
+                    if !xs.is_empty() {
+                        grad_of(&s, g, xs);
+                    }
+                    Ok::<_, String>(xs.len())
+                })
+                .unwrap();
+            assert_eq!(r.samples, 3);
+            let mut m = [dp.rank() as f64];
+            dp.mean_metrics(&mut m, (dp.rank() + 1) as f64).unwrap();
+            dp.check_in_sync(&s).unwrap();
+            (s.get(w).unwrap().data().to_vec(), grads.get(w).unwrap().data().to_vec(), m[0])
+        });
+        for (w, g, m) in &out {
+            assert_eq!(w, &[0.0, 0.0], "rank 0's parameters were broadcast");
+            // dL/dw_j = 2·(w_j − mean x) = 2·(0 − 3).
+            assert_eq!(g, &[-6.0, -6.0]);
+            // Σ r·(r + 1) / Σ (r + 1) = (0 + 2 + 6)/6.
+            assert!((m - 8.0 / 6.0).abs() < 1e-15, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_failed_rank_is_named_on_every_rank() {
+        let out = threads::run(3, |comm| {
+            let mut s = store(2);
+            let mut dp = DataParallel::new(comm, &mut s).unwrap();
+            let mut grads = s.zeros_like();
+            let rank = dp.rank();
+            let e = dp
+                .step(&mut grads, |g| {
+                    if rank == 1 {
+                        return Err("no more data".to_string());
+                    }
+                    grad_of(&s, g, &[1.0]);
+                    Ok(1)
+                })
+                .unwrap_err();
+            let agreed = dp.agree(if rank == 2 { Err("bad shard") } else { Ok(()) }).unwrap_err();
+            (e.to_string(), agreed.to_string())
+        });
+        for (step, agreed) in &out {
+            assert!(step.contains("rank 1 of 3 failed") && step.contains("no more data"), "{step}");
+            assert!(agreed.contains("rank 2 of 3 failed") && agreed.contains("bad shard"), "{agreed}");
+        }
+    }
+
+    #[test]
+    fn a_different_model_is_refused_on_every_rank() {
+        let out = threads::run(3, |comm| {
+            let mut s = store(if comm.rank() == 2 { 3 } else { 2 });
+            DataParallel::new(comm, &mut s).unwrap_err().to_string()
+        });
+        for e in &out {
+            assert!(e.contains("rank 2's parameter 0 is \"w\" f64 [3] but rank 0's is \"w\" f64 [2]"), "{e}");
+        }
     }
 
     #[test]

@@ -42,18 +42,21 @@ pub enum Error {
         message: String,
     },
     /// A caller's mistake (a buffer of the wrong size, a zero batch size, ...).
-    #[error("{op}: {detail}")]
+    #[error("{op}: {detail} (at {location})")]
     InvalidArgument {
         /// The function called.
         op: &'static str,
         /// What was wrong and what would have been valid.
         detail: String,
+        /// The caller's source location.
+        location: tapir::Loc,
     },
     /// An error from the engine or the layers (a shape mismatch, a bad checkpoint, ...).
     #[error(transparent)]
     Tapir(#[from] tapir::Error),
 }
 
+#[track_caller]
 pub(crate) fn invalid(op: &'static str, detail: impl Into<String>) -> Error {
-    Error::InvalidArgument { op, detail: detail.into() }
+    Error::InvalidArgument { op, detail: detail.into(), location: std::panic::Location::caller() }
 }

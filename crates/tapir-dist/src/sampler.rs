@@ -83,6 +83,7 @@ impl DistributedSampler {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] if `len` or `global_batch` is 0 or `rank >= size`.
+    #[track_caller]
     pub fn new(len: usize, global_batch: usize, rank: usize, size: usize, seed: u64) -> Result<DistributedSampler> {
         const OP: &str = "DistributedSampler::new";
         if len == 0 || global_batch == 0 {
@@ -141,6 +142,7 @@ impl DistributedSampler {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] if `state.batch` is past the end of an epoch.
+    #[track_caller]
     pub fn set_state(&mut self, state: SamplerState) -> Result<()> {
         if state.batch > self.batches_per_epoch() {
             return Err(invalid(

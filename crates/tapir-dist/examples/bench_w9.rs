@@ -28,8 +28,11 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let comm = Mpi::init()?;
+fn main() -> std::process::ExitCode {
+    Mpi::run(bench)
+}
+
+fn bench(comm: &Mpi) -> Result<(), Box<dyn std::error::Error>> {
     let (mut steps, mut global) = (20usize, 256usize);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -49,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .activation(Activation::Relu)
         .output(DIMS[3])
         .build(&mut store, "w2", &mut rng)?;
-    let mut dp = DataParallel::new(&comm, &mut store)?;
+    let mut dp = DataParallel::new(comm, &mut store)?;
     let mut data_rng = rand::rngs::StdRng::seed_from_u64(1 + rank as u64);
     let x = Tensor::<f32>::uniform(&[local, DIMS[0]], 0.0, 1.0, &mut data_rng)?;
     let y: Vec<usize> = (0..local).map(|i| (i * 7 + rank) % DIMS[3]).collect();

@@ -62,8 +62,11 @@ fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold(0, |best, (j, &v)| if v > row[best] { j } else { best })
 }
 
-fn main() -> Result<()> {
-    let comm = Mpi::init()?;
+fn main() -> std::process::ExitCode {
+    Mpi::run(train)
+}
+
+fn train(comm: &Mpi) -> Result<()> {
     let (mut epochs, mut seed, mut global_batch, mut ckpt) = (40usize, 0u64, 32usize, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -81,7 +84,7 @@ fn main() -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut store = ParamStore::<f32>::new();
     let model = Mlp::builder(PIXELS).hidden(256).hidden(128).output(10).build(&mut store, "mlp", &mut rng)?;
-    let mut dp = DataParallel::new(&comm, &mut store)?;
+    let mut dp = DataParallel::new(comm, &mut store)?;
     let mut sampler = DistributedSampler::new(train.y.len(), global_batch, rank, size, seed + 1)?;
     let steps_per_epoch = sampler.batches_per_epoch();
     let total = steps_per_epoch * epochs;

@@ -51,6 +51,46 @@ impl Mpi {
         Ok(Mpi { world, rank, size, _universe: universe })
     }
 
+    /// Runs a program's body on every rank and turns its outcome into the process's exit
+    /// status, so that a rank returning an error cannot leave the others waiting:
+    ///
+    /// - `Ok`: MPI is finalised, exit status 0.
+    /// - an error that every rank gets together ([`Error::RankFailed`],
+    ///   [`Error::ModelMismatch`]): printed, MPI finalised, exit status 1 on every rank.
+    /// - any other error (it may be this rank's alone, while the others wait in a
+    ///   collective, where `MPI_Finalize` would hang): printed with the rank, then
+    ///   `MPI_Abort`, which ends every rank of the job.
+    ///
+    /// ```no_run
+    /// fn main() -> std::process::ExitCode {
+    ///     tapir_dist::Mpi::run(|comm| {
+    ///         // build the model, `DataParallel::new(comm, &mut store)?`, train ...
+    ///         Ok(())
+    ///     })
+    /// }
+    /// ```
+    pub fn run(
+        body: impl FnOnce(&Mpi) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    ) -> std::process::ExitCode {
+        let comm = match Mpi::init() {
+            Ok(comm) => comm,
+            Err(e) => {
+                eprintln!("{e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        match body(&comm) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => match e.downcast_ref::<Error>() {
+                Some(collective @ (Error::RankFailed { .. } | Error::ModelMismatch { .. })) => {
+                    eprintln!("tapir-dist: rank {} of {}: {collective}", comm.rank, comm.size);
+                    std::process::ExitCode::FAILURE
+                }
+                _ => comm.abort(1, &format!("error: {e}")),
+            },
+        }
+    }
+
     /// Seconds since an arbitrary point (`MPI_Wtime`).
     pub fn time() -> f64 {
         mpi::time()

@@ -30,7 +30,7 @@ run() { # EXPECT NAME NP [ARGS...]: EXPECT is "ok" (exit 0) or "dies:PATTERN" (n
         verdict=ok
     fi
     printf '%-4s np=%s %-16s %-14s exit %3s, %3d s\n' "$verdict" "$np" "$name" "$*" "$status" "$took"
-    echo "$log" | grep -E '^\[[0-9]+ ranks\] ok:|panicked outside a step|exited on signal' | sed 's/^ *//; s/^/       /' || true
+    echo "$log" | grep -E '^\[[0-9]+ ranks\] ok:|panicked outside a step|exited on signal|aborting the job: error' | sed 's/^ *//; s/^/       /' || true
     if [ "$verdict" != ok ]; then failed=1; echo "$log" | tail -30; fi
 }
 
@@ -43,5 +43,6 @@ for np in "${ranks[@]}"; do
     run ok mpi_faults "$np" panic
     run 'dies:panicked outside a step; aborting the job' mpi_faults "$np" panic-outside
     run 'dies:exited on signal 9' mpi_faults "$np" kill
+    run 'dies:cannot open its next shard' mpi_faults "$np" return
 done
 exit $failed

@@ -26,7 +26,8 @@
 //! # fn main() -> Result<(), tapir_dist::Error> {
 //! let mut store = ParamStore::<f64>::new();
 //! let w = store.add("w", Tensor::zeros(&[1])?)?;
-//! // With MPI: `let comm = tapir_dist::Mpi::init()?;` and the same code on every rank.
+//! // With MPI: inside `tapir_dist::Mpi::run(|comm| ...)`, `DataParallel::new(comm, ...)`,
+//! // and the same code on every rank.
 //! let mut dp = DataParallel::new(Local, &mut store)?;
 //! let mut sampler = DistributedSampler::new(8, 4, dp.rank(), dp.size(), 0)?;
 //! let xs: Vec<f64> = (0..8).map(f64::from).collect();

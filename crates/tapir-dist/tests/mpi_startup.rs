@@ -1,6 +1,6 @@
 //! Under mpirun with 1, 2 and 4 ranks: rank 0's parameters reach every rank, and a rank
 //! whose model differs from rank 0's fails at start on every rank, with an error naming
-//! it and the first differing parameter (a different width, an extra parameter).
+//! it and the first differing parameter (a different width, dtype, an extra parameter).
 
 mod common;
 
@@ -36,6 +36,21 @@ fn main() {
         other => ensure(&comm, false, format!("a narrower rank 1 must fail everywhere, got {other:?}")),
     }
     say(&comm, "ok: a different width on rank 1 fails on every rank, naming mlp.0.weight and both shapes");
+
+    // Rank 1 trains in f64, the others in f32.
+    let e = if rank == 1 {
+        let (mut store, _) = model::<f64>(12, 5);
+        DataParallel::new(&comm, &mut store).map(|_| ())
+    } else {
+        let (mut store, _) = model::<f32>(12, 5);
+        DataParallel::new(&comm, &mut store).map(|_| ())
+    };
+    let want = "rank 1's parameter 0 is \"mlp.0.weight\" f64 [5, 12] but rank 0's is \"mlp.0.weight\" f32 [5, 12]";
+    match e {
+        Err(e @ Error::ModelMismatch { rank: 1, .. }) => ensure(&comm, e.to_string().contains(want), e.to_string()),
+        other => ensure(&comm, false, format!("an f64 rank 1 must fail everywhere, got {other:?}")),
+    }
+    say(&comm, "ok: a different dtype on rank 1 fails on every rank, naming f64 and f32");
 
     // The last rank has one parameter more.
     let (mut store, _): (ParamStore<f32>, _) = model(12, 5);

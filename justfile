@@ -8,6 +8,16 @@ demo ITERS="0":
 test:
     cargo test --workspace
 
+# tapir-dist under mpirun with 1, 2 and 4 ranks (installs OpenMPI from Debian's packages if missing).
+test-mpi *RANKS:
+    .ci/install-mpi
+    crates/tapir-dist/tests/run-mpi.sh {{RANKS}}
+
+# W9: the W2 step data-parallel over 1, 2 and 4 MPI ranks (1 thread each): ms/step, all-reduce share, efficiency.
+bench-mpi *RANKS:
+    .ci/install-mpi
+    crates/tapir-dist/bench-w9.sh {{RANKS}}
+
 # Format, clippy and docs, with warnings as errors.
 lint:
     cargo fmt --all --check

@@ -18,6 +18,8 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use tapir::{Error, Float, ParamStore, Tensor};
 
+use crate::optim::Stateful;
+
 fn io(op: &'static str, detail: String) -> Error {
     Error::Io { op, detail }
 }
@@ -62,12 +64,25 @@ fn raw<T: Float>(t: &Tensor<T>) -> Raw {
 /// # Errors
 /// [`Error::Io`] if two tensors share a name.
 pub fn write_checkpoint<T: Float>(tensors: &[(&str, &Tensor<T>)]) -> tapir::Result<Vec<u8>> {
+    write_checkpoint_with_metadata(tensors, &[])
+}
+
+/// Serialises named tensors to safetensors bytes, with `metadata` (string pairs, stored in
+/// the header's `__metadata__` next to `"format": "tapir"`).
+///
+/// # Errors
+/// [`Error::Io`] if two tensors share a name.
+pub fn write_checkpoint_with_metadata<T: Float>(
+    tensors: &[(&str, &Tensor<T>)],
+    metadata: &[(&str, &str)],
+) -> tapir::Result<Vec<u8>> {
     let mut seen = std::collections::HashSet::new();
     if let Some((dup, _)) = tensors.iter().find(|(n, _)| !seen.insert(*n)) {
         return Err(io("save", format!("two tensors are named {dup:?}; names must be unique")));
     }
     let raws: Vec<(&str, Raw)> = tensors.iter().map(|(n, t)| (*n, raw(t))).collect();
-    let metadata = HashMap::from([("format".to_string(), "tapir".to_string())]);
+    let mut metadata: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    metadata.insert("format".to_string(), "tapir".to_string());
     safetensors::serialize(raws.iter().map(|(n, r)| (*n, r)), Some(metadata))
         .map_err(|e| io("save", format!("cannot serialise: {e}")))
 }
@@ -107,6 +122,133 @@ pub fn read_checkpoint<T: Float>(bytes: &[u8]) -> tapir::Result<Vec<(String, Ten
         out.push((name, t));
     }
     Ok(out)
+}
+
+/// The `__metadata__` string pairs of safetensors bytes (empty if there are none).
+///
+/// # Errors
+/// [`Error::Io`] for a malformed header.
+pub fn read_metadata(bytes: &[u8]) -> tapir::Result<HashMap<String, String>> {
+    let (_, meta) =
+        SafeTensors::read_metadata(bytes).map_err(|e| io("load", format!("not a valid safetensors file: {e}")))?;
+    Ok(meta.metadata().clone().unwrap_or_default())
+}
+
+/// Tensors with their names, as a checkpoint holds them.
+pub type NamedTensors<T> = Vec<(String, Tensor<T>)>;
+
+/// Header metadata as key-value pairs.
+pub type Metadata = Vec<(String, String)>;
+
+/// An optimizer's state as named tensors and metadata, for a checkpoint: buffer `b` of
+/// parameter `name` becomes the tensor `"{prefix}{b}.{name}"` (shaped like the parameter),
+/// and the metadata holds `"{prefix}kind"`, `"{prefix}steps"` and `"{prefix}lr"` (the
+/// learning rate, printed so that it parses back to the same bits).
+///
+/// # Errors
+/// [`Error::Io`] if the optimizer's buffers do not match `store`.
+pub fn optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
+    store: &ParamStore<T>,
+    opt: &O,
+    prefix: &str,
+) -> tapir::Result<(NamedTensors<T>, Metadata)> {
+    let mut tensors = Vec::new();
+    for (buffer, per_param) in opt.buffers() {
+        if per_param.len() != store.len() {
+            return Err(io(
+                "save",
+                format!("optimizer buffer {buffer:?} has {} entries but the store {}", per_param.len(), store.len()),
+            ));
+        }
+        for ((_, name, p), data) in store.iter().zip(per_param) {
+            let t = Tensor::from_slice(data, &p.dims()).map_err(|e| {
+                io("save", format!("optimizer buffer {buffer:?} of {name:?} does not fit shape {}: {e}", p.shape()))
+            })?;
+            tensors.push((format!("{prefix}{buffer}.{name}"), t));
+        }
+    }
+    let metadata = vec![
+        (format!("{prefix}kind"), opt.kind().to_string()),
+        (format!("{prefix}steps"), opt.step_count().to_string()),
+        (format!("{prefix}lr"), format!("{:?}", opt.lr())),
+    ];
+    Ok((tensors, metadata))
+}
+
+/// Restores an optimizer from [`optimizer_tensors`]' output, all-or-nothing: everything is
+/// checked (kind, counters, every buffer of every parameter and its shape) before anything
+/// is written.
+///
+/// # Errors
+/// [`Error::Io`] naming the first missing or mismatched entry; the optimizer is unchanged.
+pub fn load_optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
+    store: &ParamStore<T>,
+    opt: &mut O,
+    prefix: &str,
+    tensors: &HashMap<String, Tensor<T>>,
+    metadata: &HashMap<String, String>,
+) -> tapir::Result<()> {
+    let meta = |key: &str| {
+        metadata
+            .get(&format!("{prefix}{key}"))
+            .ok_or_else(|| io("load", format!("the checkpoint has no optimizer entry {prefix}{key:?}")))
+    };
+    let kind = meta("kind")?;
+    if kind != opt.kind() {
+        return Err(io("load", format!("the checkpoint holds {kind} state but the optimizer is {}", opt.kind())));
+    }
+    let steps: u64 = meta("steps")?.parse().map_err(|e| io("load", format!("optimizer step count: {e}")))?;
+    let lr: f64 = meta("lr")?.parse().map_err(|e| io("load", format!("optimizer learning rate: {e}")))?;
+    let mut found = Vec::new();
+    for (buffer, per_param) in opt.buffers() {
+        for ((_, name, p), data) in store.iter().zip(per_param) {
+            let key = format!("{prefix}{buffer}.{name}");
+            let t = tensors
+                .get(&key)
+                .ok_or_else(|| io("load", format!("optimizer tensor {key:?} is missing from the checkpoint")))?;
+            if t.shape() != p.shape() || t.numel() != data.len() {
+                return Err(io(
+                    "load",
+                    format!("optimizer tensor {key:?} has shape {} but parameter {name:?} {}", t.shape(), p.shape()),
+                ));
+            }
+            found.push(key);
+        }
+    }
+    let mut i = 0;
+    for (_, per_param) in opt.buffers_mut() {
+        for data in per_param.iter_mut() {
+            data.copy_from_slice(tensors[&found[i]].data());
+            i += 1;
+        }
+    }
+    opt.set_step_count(steps);
+    opt.set_lr(lr);
+    Ok(())
+}
+
+/// An optimizer's state as safetensors bytes (see [`optimizer_tensors`], no prefix).
+///
+/// # Errors
+/// As [`optimizer_tensors`].
+pub fn optimizer_to_bytes<T: Float, O: Stateful<T> + ?Sized>(store: &ParamStore<T>, opt: &O) -> tapir::Result<Vec<u8>> {
+    let (tensors, metadata) = optimizer_tensors(store, opt, "")?;
+    let refs: Vec<(&str, &Tensor<T>)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let meta: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    write_checkpoint_with_metadata(&refs, &meta)
+}
+
+/// Restores an optimizer's state from [`optimizer_to_bytes`]' output; all-or-nothing.
+///
+/// # Errors
+/// [`Error::Io`] for a malformed file or one that does not match the optimizer and store.
+pub fn load_optimizer_bytes<T: Float, O: Stateful<T> + ?Sized>(
+    store: &ParamStore<T>,
+    opt: &mut O,
+    bytes: &[u8],
+) -> tapir::Result<()> {
+    let tensors: HashMap<String, Tensor<T>> = read_checkpoint(bytes)?.into_iter().collect();
+    load_optimizer_tensors(store, opt, "", &tensors, &read_metadata(bytes)?)
 }
 
 /// The store's parameters as safetensors bytes, under their names.
@@ -222,6 +364,44 @@ mod tests {
         let wide = read_checkpoint::<f64>(&bytes).unwrap();
         let w = wide.iter().find(|(n, _)| n == "layer.0.weight").unwrap();
         assert_eq!(w.1.data()[1], f64::from(0.1f32));
+    }
+
+    #[test]
+    fn adam_state_round_trips_exactly() {
+        use crate::optim::{Adam, Optimizer, Sgd};
+        let mut s = store::<f64>();
+        let mut grads = s.zeros_like();
+        let mut adam = Adam::new(&s, 0.1);
+        // Two steps on L = Σ p² (g = 2p) give non-trivial moments and a step count of 2.
+        let mut g = tapir::Graph::new();
+        for _ in 0..2 {
+            grads.zero();
+            g.scope(|sc| {
+                let ids: Vec<tapir::ParamId> = s.iter().map(|(id, _, _)| id).collect();
+                let mut l = sc.param(&s, ids[0]).square().sum();
+                for &id in &ids[1..] {
+                    l = l + sc.param(&s, id).square().sum();
+                }
+                sc.backward_into(l, &mut grads).unwrap();
+            });
+            adam.step(&mut s, &grads).unwrap();
+        }
+        adam.set_lr(0.037);
+        let bytes = optimizer_to_bytes(&s, &adam).unwrap();
+        let mut fresh = Adam::new(&s, 0.5);
+        load_optimizer_bytes(&s, &mut fresh, &bytes).unwrap();
+        assert_eq!((fresh.steps(), fresh.lr()), (2, 0.037));
+        assert_eq!(format!("{:?}", fresh.buffers()), format!("{:?}", adam.buffers()));
+        // The wrong optimizer, or another model, loads nothing.
+        let mut sgd = Sgd::new(&s, 0.1);
+        let e = load_optimizer_bytes(&s, &mut sgd, &bytes).unwrap_err().to_string();
+        assert!(e.contains("holds Adam state but the optimizer is Sgd"), "{e}");
+        let mut other = ParamStore::<f64>::new();
+        other.add("layer.0.weight", Tensor::zeros(&[3, 2]).unwrap()).unwrap();
+        let mut a2 = Adam::new(&other, 0.1);
+        let e = load_optimizer_bytes(&other, &mut a2, &bytes).unwrap_err().to_string();
+        assert!(e.contains("\"m.layer.0.weight\" has shape [2, 3] but parameter \"layer.0.weight\" [3, 2]"), "{e}");
+        assert_eq!(a2.steps(), 0);
     }
 
     #[test]

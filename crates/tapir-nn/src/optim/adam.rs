@@ -11,7 +11,7 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer};
+use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer, Stateful};
 
 /// Adam, with optional L2 weight decay; defaults `β = (0.9, 0.999)`, `ε = 1e-8`, `λ = 0`.
 #[derive(Debug, Clone)]
@@ -154,6 +154,54 @@ impl<T: Float> Optimizer<T> for AdamW<T> {
 
     fn set_lr(&mut self, lr: f64) {
         self.0.lr = lr;
+    }
+}
+
+impl<T: Float> Stateful<T> for Adam<T> {
+    fn kind(&self) -> &'static str {
+        if self.decoupled {
+            "AdamW"
+        } else {
+            "Adam"
+        }
+    }
+
+    fn step_count(&self) -> u64 {
+        self.t
+    }
+
+    fn set_step_count(&mut self, steps: u64) {
+        self.t = steps;
+    }
+
+    fn buffers(&self) -> Vec<(&'static str, &[Vec<T>])> {
+        vec![("m", &self.m), ("v", &self.v)]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut [Vec<T>])> {
+        vec![("m", &mut self.m), ("v", &mut self.v)]
+    }
+}
+
+impl<T: Float> Stateful<T> for AdamW<T> {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+
+    fn step_count(&self) -> u64 {
+        self.0.t
+    }
+
+    fn set_step_count(&mut self, steps: u64) {
+        self.0.t = steps;
+    }
+
+    fn buffers(&self) -> Vec<(&'static str, &[Vec<T>])> {
+        self.0.buffers()
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut [Vec<T>])> {
+        self.0.buffers_mut()
     }
 }
 

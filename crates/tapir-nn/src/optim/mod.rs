@@ -7,10 +7,12 @@
 mod adam;
 mod schedule;
 mod sgd;
+mod state;
 
 pub use adam::{Adam, AdamW};
 pub use schedule::{Constant, CosineWarmup, Schedule, StepDecay};
 pub use sgd::Sgd;
+pub use state::Stateful;
 
 use tapir::{Float, GradBuffer, ParamStore};
 

@@ -10,7 +10,7 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer};
+use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer, Stateful};
 
 /// SGD; see the module docs for the update.
 #[derive(Debug, Clone)]
@@ -70,6 +70,26 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
 
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+}
+
+impl<T: Float> Stateful<T> for Sgd<T> {
+    fn kind(&self) -> &'static str {
+        "Sgd"
+    }
+
+    fn step_count(&self) -> u64 {
+        0
+    }
+
+    fn set_step_count(&mut self, _steps: u64) {}
+
+    fn buffers(&self) -> Vec<(&'static str, &[Vec<T>])> {
+        vec![("velocity", &self.velocity)]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut [Vec<T>])> {
+        vec![("velocity", &mut self.velocity)]
     }
 }
 

@@ -1,0 +1,611 @@
+//! [`DataParallel`]: start-up broadcast and model check, gradient averaging in one
+//! collective per step, gradient accumulation without communication, metric averaging,
+//! and error propagation from any rank to every rank.
+//!
+//! ## One reduction per step
+//!
+//! The reduction buffer is one flat `Vec<T>` of `P + 1 + size` elements, allocated once:
+//!
+//! ```text
+//! [ w_r·g_r (P gradient elements) | w_r (sample count) | 0 … 1 … 0 (one failure flag per rank) ]
+//! ```
+//!
+//! One `MPI_Allreduce(MPI_SUM)` of it gives every rank `Σ_r w_r·g_r`, the global sample
+//! count `B = Σ_r w_r`, and which ranks failed, so the common step costs exactly one MPI
+//! call; the failed-rank path adds one broadcast of the failed rank's message. The
+//! gradient becomes `Σ_r w_r·g_r / B`: the mean over the *global* batch when each rank's
+//! `g_r` is the mean over its own `w_r` samples, whether or not the shards are equal.
+//!
+//! rsmpi has no in-place all-reduce, so a second buffer of the same size receives the
+//! sum. The copy into the send buffer is not extra work: it is the pass that multiplies
+//! by `w_r`, and the copy out is the pass that divides by `B`. (A contiguous
+//! `GradBuffer` would therefore save no pass, which is why `tapir::GradBuffer` is left as
+//! it is.)
+
+use tapir::{Float, GradBuffer, ParamId, ParamStore, Shape};
+
+use crate::comm::Comm;
+use crate::error::{invalid, Error, Result};
+use crate::fault;
+
+/// How the summed gradient reaches every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// One `MPI_Allreduce`. MPI only *recommends* that every rank gets bitwise the same
+    /// result; OpenMPI's algorithms for a fixed world size do (our tests hash the
+    /// parameters of every rank after every step), but an MPI library that breaks it would
+    /// let ranks drift apart. [`DataParallel::check_in_sync`] detects that.
+    #[default]
+    AllReduce,
+    /// `MPI_Reduce` to rank 0, then `MPI_Bcast` of rank 0's sum: two calls, but every rank
+    /// holds rank 0's bits by construction, on any MPI library.
+    ReduceBroadcast,
+}
+
+/// What a reduction produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reduced {
+    /// Samples over all ranks (and all accumulated micro-batches) in this step.
+    pub samples: usize,
+}
+
+/// Data-parallel training over the ranks of a [`Comm`]: every rank holds the whole
+/// model, computes gradients on its shard, and [`DataParallel::all_reduce`] averages them.
+///
+/// The flat reduction buffers are allocated once, in [`DataParallel::new`]; after the
+/// first step nothing here allocates on the Rust heap (the MPI library's own buffers are
+/// its business).
+#[derive(Debug)]
+pub struct DataParallel<T: Float, C: Comm> {
+    comm: C,
+    reduction: Reduction,
+    ids: Vec<ParamId>,
+    names: Vec<String>,
+    shapes: Vec<Shape>,
+    numel: usize,
+    send: Vec<T>,
+    recv: Vec<T>,
+    /// Samples accumulated into `send` since the last reduction.
+    pending: usize,
+    /// Whether `send[..numel]` holds an accumulation (otherwise it is stale).
+    has_pending: bool,
+    metrics_send: Vec<f64>,
+    metrics_recv: Vec<f64>,
+    hashes: Vec<u64>,
+}
+
+/// Rank 0's description of the model, one entry per parameter: `"name" f32 [2, 3]`.
+fn describe<T: Float>(store: &ParamStore<T>) -> Vec<String> {
+    store.iter().map(|(_, name, t)| format!("{name:?} {} {}", T::NAME, t.shape())).collect()
+}
+
+impl<T: Float, C: Comm> DataParallel<T, C> {
+    /// Checks that every rank built the same model as rank 0 and copies rank 0's
+    /// parameter values into every rank's `store`.
+    ///
+    /// Collective: every rank calls it. Costs four collectives (the description's length
+    /// and bytes, the comparison, the values); a mismatch costs two more.
+    ///
+    /// # Errors
+    /// [`Error::ModelMismatch`], on every rank, naming the first differing rank, the
+    /// first differing parameter and both versions of it (name, dtype, shape).
+    pub fn new(comm: C, store: &mut ParamStore<T>) -> Result<DataParallel<T, C>> {
+        let mine = describe(store);
+        let mut bytes = if comm.rank() == 0 { mine.join("\n").into_bytes() } else { Vec::new() };
+        comm.broadcast_bytes(0, &mut bytes);
+        let text = String::from_utf8(bytes).expect("rank 0 sent the UTF-8 it made");
+        let root: Vec<&str> = if text.is_empty() { Vec::new() } else { text.split('\n').collect() };
+        let first_diff = (0..root.len().max(mine.len()))
+            .find(|&i| root.get(i).copied() != mine.get(i).map(String::as_str))
+            .map_or(u64::MAX, |i| i as u64);
+        let mut diffs = vec![0; comm.size()];
+        comm.all_gather_u64(first_diff, &mut diffs);
+        if let Some(rank) = diffs.iter().position(|&d| d != u64::MAX) {
+            let index = usize::try_from(diffs[rank]).expect("an index into this rank's parameters");
+            let mut theirs = if comm.rank() == rank {
+                mine.get(index).map_or("nothing (it has fewer parameters)".into(), Clone::clone).into_bytes()
+            } else {
+                Vec::new()
+            };
+            comm.broadcast_bytes(rank, &mut theirs);
+            let root = root.get(index).map_or("nothing (it has fewer parameters)".into(), |s| s.to_string());
+            let theirs = String::from_utf8(theirs).expect("the rank sent the UTF-8 it made");
+            return Err(Error::ModelMismatch { rank, index, root, theirs });
+        }
+        let ids: Vec<ParamId> = store.iter().map(|(id, _, _)| id).collect();
+        let shapes: Vec<Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
+        let names: Vec<String> = store.iter().map(|(_, n, _)| n.to_string()).collect();
+        let numel = store.numel();
+        let len = numel + 1 + comm.size();
+        let mut dp = DataParallel {
+            reduction: Reduction::default(),
+            ids,
+            names,
+            shapes,
+            numel,
+            send: vec![T::ZERO; len],
+            recv: vec![T::ZERO; len],
+            pending: 0,
+            has_pending: false,
+            metrics_send: Vec::new(),
+            metrics_recv: Vec::new(),
+            hashes: vec![0; comm.size()],
+            comm,
+        };
+        dp.broadcast_params(store);
+        Ok(dp)
+    }
+
+    /// Chooses how sums reach every rank (default [`Reduction::AllReduce`]).
+    #[must_use]
+    pub fn reduction(mut self, reduction: Reduction) -> Self {
+        self.reduction = reduction;
+        self
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &C {
+        &self.comm
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Copies rank 0's parameter values to every rank (one broadcast).
+    fn broadcast_params(&mut self, store: &mut ParamStore<T>) {
+        let mut at = 0;
+        for (_, _, t) in store.iter() {
+            self.send[at..at + t.numel()].copy_from_slice(t.data());
+            at += t.numel();
+        }
+        self.comm.broadcast(0, &mut self.send[..self.numel]);
+        let mut at = 0;
+        for (_, t) in store.iter_mut() {
+            let n = t.numel();
+            t.data_mut().copy_from_slice(&self.send[at..at + n]);
+            at += n;
+        }
+    }
+
+    #[track_caller]
+    fn check_grads(&self, op: &'static str, grads: &GradBuffer<T>) -> Result<()> {
+        if grads.len() != self.ids.len() {
+            return Err(invalid(
+                op,
+                format!("the model has {} parameters but the gradient buffer {}", self.ids.len(), grads.len()),
+            ));
+        }
+        for ((&id, &shape), name) in self.ids.iter().zip(&self.shapes).zip(&self.names) {
+            let got = grads.get(id).map(|g| g.shape());
+            if got != Some(shape) {
+                let got = got.map_or("nothing".to_string(), |s| s.to_string());
+                return Err(invalid(op, format!("parameter {name:?} has shape {shape} but its gradient {got}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `samples · grads` to this rank's pending sum and zeroes `grads`, without any
+    /// communication: PyTorch DDP's `no_sync()`. Call it after each micro-batch's
+    /// `backward_into` (with `grads` holding the mean gradient over its `samples` samples);
+    /// the next [`DataParallel::all_reduce`] or [`DataParallel::step`] reduces the lot, so
+    /// the result is the mean over every sample of every micro-batch on every rank.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `grads` does not match the model.
+    #[track_caller]
+    pub fn accumulate(&mut self, grads: &mut GradBuffer<T>, samples: usize) -> Result<()> {
+        const OP: &str = "DataParallel::accumulate";
+        self.check_grads(OP, grads)?;
+        // The sample count travels in the gradient buffer, as `T`: exact up to 2^24 in f32.
+        let limit = if T::NAME == "f32" { 1usize << 24 } else { 1usize << 53 };
+        if self.pending + samples > limit / self.comm.size() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{} samples pending on each of {} ranks exceed {limit}, the largest count {} holds exactly",
+                    self.pending + samples,
+                    self.comm.size(),
+                    T::NAME
+                ),
+            ));
+        }
+        let w = T::from_usize(samples);
+        let mut at = 0;
+        for &id in &self.ids {
+            let g = grads.get_mut(id).expect("check_grads saw every slot");
+            let dst = &mut self.send[at..at + g.numel()];
+            if self.has_pending {
+                dst.iter_mut().zip(g.data()).for_each(|(d, &g)| *d += w * g);
+            } else {
+                dst.iter_mut().zip(g.data()).for_each(|(d, &g)| *d = w * g);
+            }
+            at += g.numel();
+            g.data_mut().fill(T::ZERO);
+        }
+        self.has_pending = true;
+        self.pending += samples;
+        Ok(())
+    }
+
+    /// Averages the gradients over every rank: the pending sum of
+    /// [`DataParallel::accumulate`] (or zero, for a rank with no samples this step) is
+    /// reduced, divided by the global sample count and written into `grads`, bitwise the
+    /// same on every rank. One collective.
+    ///
+    /// # Errors
+    /// [`Error::RankFailed`] if another rank called [`DataParallel::fail`] (or its
+    /// [`DataParallel::step`] closure failed); [`Error::InvalidArgument`] if `grads` does
+    /// not match the model, or no rank had a sample (on every rank).
+    #[track_caller]
+    pub fn all_reduce(&mut self, grads: &mut GradBuffer<T>) -> Result<Reduced> {
+        const OP: &str = "DataParallel::all_reduce";
+        // A mismatched buffer is this rank's failure: the others must hear of it.
+        if let Err(e) = self.check_grads(OP, grads) {
+            return self.fail_with(OP, e.to_string());
+        }
+        self.reduce_flagged(OP, None)?;
+        let total = self.recv[self.numel];
+        if total == T::ZERO {
+            return Err(invalid(OP, "no rank had a sample in this step; pass each rank's sample count"));
+        }
+        let mut at = 0;
+        for &id in &self.ids {
+            let g = grads.get_mut(id).expect("check_grads saw every slot");
+            let n = g.numel();
+            g.data_mut().iter_mut().zip(&self.recv[at..at + n]).for_each(|(g, &s)| *g = s / total);
+            at += n;
+        }
+        Ok(Reduced { samples: total.to_f64() as usize })
+    }
+
+    /// One data-parallel step: zeroes `grads`, runs `local` (forward and `backward_into`
+    /// on this rank's shard, returning the number of samples it used; 0 is allowed), adds
+    /// its gradient to any pending accumulation and averages over every rank.
+    ///
+    /// An `Err` or a panic in `local` does not leave the other ranks waiting: this rank
+    /// joins the reduction with its failure flag set, and every rank returns
+    /// [`Error::RankFailed`] naming it and its message.
+    ///
+    /// # Errors
+    /// [`Error::RankFailed`] (on every rank) if any rank's `local` failed; as
+    /// [`DataParallel::all_reduce`].
+    #[track_caller]
+    pub fn step<E, F>(&mut self, grads: &mut GradBuffer<T>, local: F) -> Result<Reduced>
+    where
+        E: std::fmt::Display,
+        F: FnOnce(&mut GradBuffer<T>) -> std::result::Result<usize, E>,
+    {
+        const OP: &str = "DataParallel::step";
+        grads.zero();
+        let samples = match fault::catch(|| local(grads)) {
+            Ok(Ok(samples)) => samples,
+            Ok(Err(e)) => return self.fail_with(OP, e.to_string()),
+            Err(panic) => return self.fail_with(OP, panic),
+        };
+        if let Err(e) = self.accumulate(grads, samples) {
+            return self.fail_with(OP, e.to_string());
+        }
+        self.all_reduce(grads)
+    }
+
+    /// This rank failed: joins the pending reduction with its failure flag set so that no
+    /// rank waits, and returns the [`Error::RankFailed`] every rank gets.
+    ///
+    /// Call it in place of [`DataParallel::all_reduce`] when a rank cannot compute its
+    /// gradient; [`DataParallel::step`] does so for you.
+    pub fn fail(&mut self, message: impl Into<String>) -> Error {
+        match self.fail_with("DataParallel::fail", message.into()) {
+            Err(e) => e,
+            Ok(_) => unreachable!("fail_with always returns an error"),
+        }
+    }
+
+    fn fail_with(&mut self, op: &'static str, message: String) -> Result<Reduced> {
+        self.send[..self.numel].fill(T::ZERO);
+        self.has_pending = true;
+        self.pending = 0;
+        match self.reduce_flagged(op, Some(message)) {
+            Err(e) => Err(e),
+            Ok(()) => unreachable!("this rank's own flag is set, so the reduction reports a failure"),
+        }
+    }
+
+    /// The one collective of a step, then the failure check.
+    fn reduce_flagged(&mut self, op: &'static str, failure: Option<String>) -> Result<()> {
+        let (p, size, rank) = (self.numel, self.comm.size(), self.comm.rank());
+        if !self.has_pending {
+            self.send[..p].fill(T::ZERO);
+        }
+        self.send[p] = T::from_usize(self.pending);
+        self.send[p + 1..].fill(T::ZERO);
+        if failure.is_some() {
+            self.send[p + 1 + rank] = T::ONE;
+        }
+        match self.reduction {
+            Reduction::AllReduce => self.comm.all_reduce_sum(&self.send, &mut self.recv),
+            Reduction::ReduceBroadcast => {
+                self.comm.reduce_sum_to_root(&self.send, &mut self.recv);
+                self.comm.broadcast(0, &mut self.recv);
+            }
+        }
+        self.has_pending = false;
+        self.pending = 0;
+        if let Some(failed) = self.recv[p + 1..].iter().position(|&f| f != T::ZERO) {
+            let mut message = if failed == rank { failure.unwrap_or_default().into_bytes() } else { Vec::new() };
+            self.comm.broadcast_bytes(failed, &mut message);
+            let message = String::from_utf8_lossy(&message).into_owned();
+            return Err(Error::RankFailed { op, rank: failed, size, message });
+        }
+        Ok(())
+    }
+
+    /// Replaces `values` by their weighted mean over the ranks, `Σ_r w_r·v_r / Σ_r w_r`,
+    /// with `weight` this rank's `w_r` (its sample count, for a loss or an accuracy). One
+    /// collective; allocation-free once called with the longest `values`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] on every rank if the weights sum to zero.
+    #[track_caller]
+    pub fn mean_metrics(&mut self, values: &mut [f64], weight: f64) -> Result<()> {
+        let n = values.len();
+        if self.metrics_send.len() < n + 1 {
+            self.metrics_send.resize(n + 1, 0.0);
+            self.metrics_recv.resize(n + 1, 0.0);
+        }
+        for (s, &v) in self.metrics_send.iter_mut().zip(values.iter()) {
+            *s = weight * v;
+        }
+        self.metrics_send[n] = weight;
+        self.comm.all_reduce_sum(&self.metrics_send[..=n], &mut self.metrics_recv[..=n]);
+        let total = self.metrics_recv[n];
+        if total == 0.0 {
+            return Err(invalid("DataParallel::mean_metrics", "the weights of all ranks sum to 0"));
+        }
+        for (v, &s) in values.iter_mut().zip(&self.metrics_recv) {
+            *v = s / total;
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank's `store` holds bitwise the same values (a 64-bit FNV-1a hash
+    /// of the bits, gathered from every rank: one collective).
+    ///
+    /// # Errors
+    /// [`Error::RankFailed`] on every rank, naming the first rank whose hash differs from
+    /// rank 0's.
+    pub fn check_in_sync(&mut self, store: &ParamStore<T>) -> Result<()> {
+        let hash = params_hash(store);
+        self.comm.all_gather_u64(hash, &mut self.hashes);
+        match self.hashes.iter().position(|&h| h != self.hashes[0]) {
+            None => Ok(()),
+            Some(rank) => Err(Error::RankFailed {
+                op: "DataParallel::check_in_sync",
+                rank,
+                size: self.comm.size(),
+                message: format!(
+                    "its parameters hash to {:#018x} but rank 0's to {:#018x}",
+                    self.hashes[rank], self.hashes[0]
+                ),
+            }),
+        }
+    }
+
+    /// Turns this rank's `result` into the same outcome on every rank: `Ok` everywhere if
+    /// every rank is `Ok`, else [`Error::RankFailed`] naming the first failed rank and its
+    /// message. For work outside [`DataParallel::step`] (loading data, evaluating) that
+    /// can fail on one rank; one collective, two more on failure.
+    ///
+    /// # Errors
+    /// As described.
+    pub fn agree<R, E: std::fmt::Display>(&mut self, result: std::result::Result<R, E>) -> Result<R> {
+        let failed = u64::from(result.is_err());
+        self.comm.all_gather_u64(failed, &mut self.hashes);
+        let Some(rank) = self.hashes.iter().position(|&f| f != 0) else {
+            return Ok(result.unwrap_or_else(|_| unreachable!("this rank reported success")));
+        };
+        let mut message = match &result {
+            Err(e) if rank == self.comm.rank() => e.to_string().into_bytes(),
+            _ => Vec::new(),
+        };
+        self.comm.broadcast_bytes(rank, &mut message);
+        Err(Error::RankFailed {
+            op: "DataParallel::agree",
+            rank,
+            size: self.comm.size(),
+            message: String::from_utf8_lossy(&message).into_owned(),
+        })
+    }
+}
+
+/// A 64-bit FNV-1a hash of every parameter's bits, in store order (names excluded).
+pub fn params_hash<T: Float>(store: &ParamStore<T>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, _, t) in store.iter() {
+        for &b in bytemuck::cast_slice::<T, u8>(t.data()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::Local;
+    use tapir::{Graph, Tensor};
+
+    fn store(width: usize) -> ParamStore<f64> {
+        let mut s = ParamStore::new();
+        s.add("w", Tensor::from_vec((0..width).map(|i| i as f64).collect(), &[width]).unwrap()).unwrap();
+        s.add("b", Tensor::scalar(0.5)).unwrap();
+        s
+    }
+
+    /// Fills `grads` with the gradient of `L = mean_i Σ_j (w_j − x_i)²` over `xs`:
+    /// `dL/dw_j = 2·(w_j − mean(x))`, `dL/db = 0`.
+    fn grad_of(store: &ParamStore<f64>, grads: &mut GradBuffer<f64>, xs: &[f64]) {
+        let w = store.find("w").unwrap();
+        let width = store.get(w).unwrap().numel();
+        let mut g = Graph::new();
+        let x = Tensor::from_vec(xs.iter().flat_map(|&x| vec![x; width]).collect(), &[xs.len(), width]).unwrap();
+        g.scope(|s| {
+            let l = (s.param(store, w) - s.input(&x)).square().sum() / xs.len() as f64;
+            s.backward_into(l, grads).unwrap();
+        });
+    }
+
+    #[test]
+    fn local_accumulation_is_the_mean_over_every_sample() {
+        let mut s = store(3);
+        let mut dp = DataParallel::new(Local, &mut s).unwrap();
+        let mut grads = s.zeros_like();
+        // Micro-batches of 1 and 3 samples: the mean of x over all 4 is (1 + 2 + 3 + 6)/4 = 3.
+        grad_of(&s, &mut grads, &[1.0]);
+        dp.accumulate(&mut grads, 1).unwrap();
+        assert!(grads.iter().all(|(_, g)| g.data().iter().all(|&v| v == 0.0)), "accumulate zeroes grads");
+        grad_of(&s, &mut grads, &[2.0, 3.0, 6.0]);
+        dp.accumulate(&mut grads, 3).unwrap();
+        assert_eq!(dp.all_reduce(&mut grads).unwrap(), Reduced { samples: 4 });
+        let w = s.find("w").unwrap();
+        let want: Vec<f64> = (0..3).map(|j| 2.0 * (j as f64 - 3.0)).collect();
+        let got = grads.get(w).unwrap().data();
+        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?} vs {want:?}");
+    }
+
+    #[test]
+    fn step_reports_errors_and_panics_as_rank_failures() {
+        let mut s = store(2);
+        let mut dp = DataParallel::new(Local, &mut s).unwrap();
+        let mut grads = s.zeros_like();
+        let e = dp.step(&mut grads, |_| Err::<usize, _>("out of data")).unwrap_err();
+        assert!(matches!(&e, Error::RankFailed { rank: 0, size: 1, .. }), "{e}");
+        assert!(e.to_string().contains("rank 0 of 1 failed") && e.to_string().contains("out of data"), "{e}");
+        let e = dp.step(&mut grads, |_| -> std::result::Result<usize, String> { panic!("index 9 out of range") });
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("panicked: index 9 out of range"), "{e}");
+        // After a failure the next step works again.
+        let r = dp.step(&mut grads, |g| {
+            grad_of(&s, g, &[1.0]);
+            Ok::<_, String>(1)
+        });
+        assert_eq!(r.unwrap().samples, 1);
+    }
+
+    #[test]
+    fn zero_samples_everywhere_is_an_error() {
+        let mut s = store(2);
+        let mut dp = DataParallel::new(Local, &mut s).unwrap();
+        let mut grads = s.zeros_like();
+        let e = dp.all_reduce(&mut grads).unwrap_err().to_string();
+        assert!(e.contains("no rank had a sample"), "{e}");
+        let other = store(3).zeros_like();
+        let e = dp.accumulate(&mut other.clone(), 1).unwrap_err().to_string();
+        assert!(e.contains("parameter \"w\" has shape [2] but its gradient [3]"), "{e}");
+        assert!(dp.accumulate(&mut s.zeros_like(), 1 << 60).is_err());
+    }
+
+    #[test]
+    fn metrics_are_weighted_means() {
+        let mut s = store(1);
+        let mut dp = DataParallel::new(Local, &mut s).unwrap();
+        let mut m = [2.0, 0.25];
+        dp.mean_metrics(&mut m, 8.0).unwrap();
+        assert_eq!(m, [2.0, 0.25]);
+        assert!(dp.mean_metrics(&mut m, 0.0).is_err());
+        dp.check_in_sync(&s).unwrap();
+        assert_eq!(dp.agree(Ok::<_, String>(3)).unwrap(), 3);
+        assert!(dp.agree(Err::<(), _>("no file")).unwrap_err().to_string().contains("no file"));
+    }
+
+    use crate::comm::threads;
+
+    #[test]
+    fn three_ranks_weight_uneven_shards_and_agree_bitwise() {
+        let out = threads::run(3, |comm| {
+            // Every rank starts elsewhere; rank 0's values win.
+            let mut s = store(2);
+            let w = s.find("w").unwrap();
+            s.get_mut(w).unwrap().data_mut().fill(comm.rank() as f64 * 10.0);
+            let mut dp = DataParallel::new(comm, &mut s).unwrap();
+            let mut grads = s.zeros_like();
+            // Ranks hold 2, 1 and 0 samples of {1, 2, 6}: the global mean of x is 3.
+            let xs: &[f64] = [&[1.0, 2.0][..], &[6.0][..], &[][..]][dp.rank()];
+            let r = dp
+                .step(&mut grads, |g| {
+                    if !xs.is_empty() {
+                        grad_of(&s, g, xs);
+                    }
+                    Ok::<_, String>(xs.len())
+                })
+                .unwrap();
+            assert_eq!(r.samples, 3);
+            let mut m = [dp.rank() as f64];
+            dp.mean_metrics(&mut m, (dp.rank() + 1) as f64).unwrap();
+            dp.check_in_sync(&s).unwrap();
+            (s.get(w).unwrap().data().to_vec(), grads.get(w).unwrap().data().to_vec(), m[0])
+        });
+        for (w, g, m) in &out {
+            assert_eq!(w, &[0.0, 0.0], "rank 0's parameters were broadcast");
+            // dL/dw_j = 2·(w_j − mean x) = 2·(0 − 3).
+            assert_eq!(g, &[-6.0, -6.0]);
+            // Σ r·(r + 1) / Σ (r + 1) = (0 + 2 + 6)/6.
+            assert!((m - 8.0 / 6.0).abs() < 1e-15, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_failed_rank_is_named_on_every_rank() {
+        let out = threads::run(3, |comm| {
+            let mut s = store(2);
+            let mut dp = DataParallel::new(comm, &mut s).unwrap();
+            let mut grads = s.zeros_like();
+            let rank = dp.rank();
+            let e = dp
+                .step(&mut grads, |g| {
+                    if rank == 1 {
+                        return Err("no more data".to_string());
+                    }
+                    grad_of(&s, g, &[1.0]);
+                    Ok(1)
+                })
+                .unwrap_err();
+            let agreed = dp.agree(if rank == 2 { Err("bad shard") } else { Ok(()) }).unwrap_err();
+            (e.to_string(), agreed.to_string())
+        });
+        for (step, agreed) in &out {
+            assert!(step.contains("rank 1 of 3 failed") && step.contains("no more data"), "{step}");
+            assert!(agreed.contains("rank 2 of 3 failed") && agreed.contains("bad shard"), "{agreed}");
+        }
+    }
+
+    #[test]
+    fn a_different_model_is_refused_on_every_rank() {
+        let out = threads::run(3, |comm| {
+            let mut s = store(if comm.rank() == 2 { 3 } else { 2 });
+            DataParallel::new(comm, &mut s).unwrap_err().to_string()
+        });
+        for e in &out {
+            assert!(e.contains("rank 2's parameter 0 is \"w\" f64 [3] but rank 0's is \"w\" f64 [2]"), "{e}");
+        }
+    }
+
+    #[test]
+    fn hash_sees_one_bit() {
+        let a = store(4);
+        let mut b = a.clone();
+        let w = b.find("w").unwrap();
+        let v = &mut b.get_mut(w).unwrap().data_mut()[2];
+        *v = f64::from_bits(v.to_bits() ^ 1);
+        assert_ne!(params_hash(&a), params_hash(&b));
+        assert_eq!(params_hash(&a), params_hash(&a.clone()));
+    }
+}

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use tapir::testing::program::Program;
+use tapir_testing::program::Program;
 
 /// FNV-1a, 64 bits: a stable digest with no dependency.
 fn fnv1a(text: &str) -> u64 {

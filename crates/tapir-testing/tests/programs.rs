@@ -1,9 +1,9 @@
 //! Property tests over random programs: the fuzz target's generator and checks
-//! (`tapir::testing::program`), driven by proptest with few enough cases for 2 cores.
+//! (`tapir_testing::program`), driven by proptest with few enough cases for 2 cores.
 
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
-use tapir::testing::program::{run_program, Program};
+use tapir_testing::program::{run_program, Program};
 
 /// `len` bytes from a seeded generator: a program is a function of its seed.
 fn bytes_of(seed: u64, len: usize) -> Vec<u8> {

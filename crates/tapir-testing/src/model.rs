@@ -6,9 +6,9 @@
 //! that drifts from its documentation, or an error reported under the wrong variant or
 //! op name, is a finding.
 
-use crate::error::Error;
-use crate::shape::MAX_RANK;
-use crate::testing::program::{ReduceOp, Step, WindowOp};
+use crate::program::{ReduceOp, Step, WindowOp};
+use tapir::Error;
+use tapir::MAX_RANK;
 
 /// What a step must do, given its operands' shapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +39,9 @@ pub(crate) fn variant(e: &Error) -> &'static str {
         Error::InvalidArgument { .. } => "InvalidArgument",
         Error::UnknownParam { .. } => "UnknownParam",
         Error::Io { .. } => "Io",
+        // `Error` is non-exhaustive: a variant added later has no name here until the
+        // model learns it, so it never matches a prediction.
+        _ => "unknown",
     }
 }
 
@@ -79,11 +82,21 @@ fn numel(dims: &[usize]) -> usize {
     dims.iter().product()
 }
 
+/// Whether an axis list that names one axis twice is an error (`REPEATED_AXIS`, as in
+/// PyTorch's "dim appears multiple times") rather than the axis once. Today's engine takes
+/// it once (and `mean_axes`/`var` then divide by the wrong count); the issue "Hardening"
+/// makes it an error, and the feature `hardening` expects that.
+const REPEATED_AXES_FAIL: bool = cfg!(feature = "hardening");
+
+/// The error variant of a repeated axis (with the feature `hardening`).
+const REPEATED_AXIS: &str = "BadAxis";
+
 /// `Some(reduced shape)` or the error of a reduction over `axes` (in the given order).
 fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty: bool) -> Outcome {
     let mut picked = [false; MAX_RANK];
     for &a in axes {
         match resolve(x.len(), a) {
+            Some(ax) if picked[ax] && REPEATED_AXES_FAIL => return err(REPEATED_AXIS, op),
             Some(ax) => picked[ax] = true,
             None => return err("BadAxis", op),
         }
@@ -96,7 +109,8 @@ fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty
         (true, true) => Some(1),
         (true, false) => None,
     });
-    Outcome::Ok(out.collect())
+    // Reducing a zero-size axis away can leave an element count that does not fit.
+    checked(op, Some(out.collect()))
 }
 
 fn unsqueezed(x: &[usize], axis: isize) -> Result<Vec<usize>, Outcome> {
@@ -194,10 +208,11 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             match broadcast(&a[..ra - 2], &b[..rb - 2]) {
                 Some(mut out) => {
                     out.extend([a[ra - 2], b[rb - 1]]);
-                    if out.len() <= MAX_RANK {
-                        Outcome::Ok(out)
-                    } else {
+                    if out.len() > MAX_RANK {
                         err("MatMulShape", "matmul")
+                    } else {
+                        // A contracted zero leaves `m × n`, which may not be addressable.
+                        checked("matmul", Some(out))
                     }
                 }
                 None => err("MatMulShape", "matmul"),
@@ -354,6 +369,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             };
             checked(op.name(), dims)
         }
+        Step::Nop { .. } => Outcome::Ok(shapes[shapes.len() - 1].clone()),
         Step::Conv2d { x, w, stride, padding } => {
             let (x, w) = (s(*x), s(*w));
             if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
@@ -367,7 +383,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                 "im2col",
                 oh.checked_mul(ow).map(|l| vec![x[0], w[1].saturating_mul(w[2]).saturating_mul(w[3]), l]),
             ) {
-                Outcome::Ok(_) => Outcome::Ok(vec![x[0], w[0], oh, ow]),
+                Outcome::Ok(_) => checked("conv2d", Some(vec![x[0], w[0], oh, ow])),
                 e => e,
             }
         }

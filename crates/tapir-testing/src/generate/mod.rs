@@ -30,7 +30,8 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
         _ => Ending::Once,
     };
     let f32 = dtype == Dtype::F32;
-    let mut g = Gen { u, format, shapes: vec![], steps: vec![], leaves: 0, poisoned: false, smooth, specials, f32 };
+    let mut g =
+        Gen { u, format, shapes: vec![], steps: vec![], nops: 0, leaves: 0, poisoned: false, smooth, specials, f32 };
     let mut leaves = vec![];
     for _ in 0..g.u.range(1, 3) {
         let dims = g.small_dims();
@@ -40,7 +41,9 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
         leaves.push(Leaf { dims, data, grad });
     }
     g.leaves = leaves.len();
-    while !g.u.is_empty() && g.steps.len() < MAX_STEPS {
+    // A `Nop` (format 1) costs one byte and records nothing, so it does not count as a
+    // step; the cap on all steps keeps a program of `Nop`s short too.
+    while !g.u.is_empty() && g.steps.len() - g.nops < MAX_STEPS && g.steps.len() < 4 * MAX_STEPS {
         g.step();
     }
     let values = g.shapes.len();
@@ -57,6 +60,8 @@ struct Gen<'a> {
     /// Shapes of the values (after the first predicted error, whatever the model said last).
     shapes: Vec<Vec<usize>>,
     steps: Vec<Step>,
+    /// How many of the steps are a `Nop`.
+    nops: usize,
     leaves: usize,
     /// Whether a step already failed: later shapes are placeholders.
     poisoned: bool,
@@ -514,6 +519,7 @@ impl Gen<'_> {
             Code::ZeroHuge => self.zero_huge(),
             Code::RepeatedAxes => self.repeated_axes(),
         };
+        self.nops += usize::from(matches!(step, Step::Nop { .. }));
         self.push(step);
     }
 

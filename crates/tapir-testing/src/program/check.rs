@@ -291,7 +291,7 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
         let mut loss = values[self.p.loss];
         let at = self.p.steps.len();
         if self.p.reduce_loss {
-            loss = loss.sum();
+            loss = interpret::sum(loss);
             if self.first.is_none() {
                 if let Err(e) = s.check() {
                     // Only the arena limit can stop a sum of a valid value.

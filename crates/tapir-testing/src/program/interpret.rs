@@ -9,6 +9,11 @@ use crate::program::{BinOp, CmpOp, Ending, ReduceOp, ScalarOp, Step, WindowOp};
 /// This file: where the errors of a program's steps and backward calls must be located.
 pub(crate) const FILE: &str = file!();
 
+/// The sum of a loss that is not a scalar.
+pub(crate) fn sum<T: Float>(loss: Var<'_, T>) -> Var<'_, T> {
+    loss.sum()
+}
+
 /// A later `backward` call.
 pub(crate) fn backward<'s, T: Float>(s: &'s Scope<'s, '_, T>, loss: Var<'s, T>) -> Result<(), Error> {
     s.backward(loss)

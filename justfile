@@ -32,9 +32,10 @@ compare *ARGS:
 
 # Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
 # Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.
+# The bodies are in crates/tapir-testing; fuzz/TARGET.dict, if present, is passed as a dictionary.
 fuzz TARGET="tape_program" SECONDS="60":
     mkdir -p target/fuzz-corpus/{{TARGET}}
-    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1
+    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1 $(test -f {{TARGET}}.dict && echo -dict={{TARGET}}.dict)
 
 # Valgrind (demo at size 128: GEMM under valgrind is slow) and the 10,000-step memory test: no lost byte.
 leakcheck:

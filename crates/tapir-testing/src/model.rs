@@ -208,11 +208,12 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             match broadcast(&a[..ra - 2], &b[..rb - 2]) {
                 Some(mut out) => {
                     out.extend([a[ra - 2], b[rb - 1]]);
-                    if out.len() > MAX_RANK {
-                        err("MatMulShape", "matmul")
+                    // A contracted zero leaves `m × n`, which may not be addressable: the
+                    // engine reports it as a matmul shape error too.
+                    if valid_dims(&out) {
+                        Outcome::Ok(out)
                     } else {
-                        // A contracted zero leaves `m × n`, which may not be addressable.
-                        checked("matmul", Some(out))
+                        err("MatMulShape", "matmul")
                     }
                 }
                 None => err("MatMulShape", "matmul"),

@@ -47,7 +47,7 @@ valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=def
 
 # The tests under AddressSanitizer and LeakSanitizer (nightly; std itself is not instrumented).
 asan:
-    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir --lib --tests --target x86_64-unknown-linux-gnu
+    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
 
 # Everything CI and a reviewer would run.
 ci: lint test

@@ -1,4 +1,4 @@
-//! The step data model: what a decoded program is. Decoding is in `generate.rs` (with the
+//! The step data model: what a decoded program is. Decoding is in `generate/` (with the
 //! code tables in [`crate::codes`]), running and checking in `check.rs`, recording in
 //! `interpret.rs`.
 

@@ -347,7 +347,7 @@ impl Step {
 pub enum Ending {
     /// One `backward`.
     Once,
-    /// `backward` twice: the second must fail with [`Error::BackwardTwice`].
+    /// `backward` twice: the second must fail with [`tapir::Error::BackwardTwice`].
     Twice,
     /// `backward_retain`, then `backward`, then `backward` again (which must fail).
     RetainThenOnce,
@@ -365,7 +365,7 @@ pub struct Program {
     /// The value backward starts from.
     pub loss: usize,
     /// Whether the loss is summed to a scalar first (if not, a loss of another size must
-    /// fail with [`Error::NotScalar`]).
+    /// fail with [`tapir::Error::NotScalar`]).
     pub reduce_loss: bool,
     /// How backward is called.
     pub ending: Ending,

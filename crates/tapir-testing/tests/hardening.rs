@@ -49,8 +49,32 @@ fn reducing_a_zero_axis_next_to_huge_ones_is_an_error() {
             }
         }
         check(&after_full(&dims, vec![Step::Var { x: 1, axes: vec![zero], keepdim: false, correction: 1 }]));
+        check(&after_full(&dims, vec![Step::LogSumExp { x: 1, axis: zero, keepdim: true }]));
         check(&after_full(&dims, vec![Step::LogSumExp { x: 1, axis: zero, keepdim: false }]));
     }
+}
+
+/// Today: panic "attempt to multiply with overflow" (`ops/reduce.rs:43`, debug builds).
+/// Expected: `InvalidShape`.
+#[test]
+fn reducing_a_zero_axis_of_rank_4_is_an_error() {
+    let u = u32::MAX as usize;
+    check(&after_full(
+        &[0, u, u, H],
+        vec![Step::Reduce { op: ReduceOp::Sum, x: 1, axes: Some(vec![0]), keepdim: false }],
+    ));
+}
+
+/// Today: `permute` reports `InvalidShape` ("overflow the element count") for
+/// `[2^32-1, 0, 2^31, 2^32-1]` → `[2^32-1, 2^32-1, 2^31, 0]`: the element count is
+/// multiplied from the left and overflows before it reaches the zero, so whether a
+/// zero-size shape is valid depends on the order of its dimensions (`full` accepts the
+/// first and rejects the second). Expected here: the permuted value. If the engine keeps
+/// the order-dependent rule instead, `model::valid_dims` and this test change with it.
+#[test]
+fn permuting_a_zero_size_shape_keeps_it_valid() {
+    let u = u32::MAX as usize;
+    check(&after_full(&[u, 0, H, u], vec![Step::Permute { x: 1, axes: vec![3, 0, 2, 1] }]));
 }
 
 /// Today: hangs (a loop over the 2^62 rows of an empty axis). Expected: an empty result.
@@ -61,6 +85,8 @@ fn softmax_over_a_zero_axis_returns_at_once() {
             check(&after_full(&dims, vec![Step::Softmax { x: 1, axis: zero, log }]));
         }
     }
+    // Over a non-empty axis of an empty tensor too.
+    check(&after_full(&[H, 1 << 20, 0, 1 << 20], vec![Step::Softmax { x: 1, axis: 0, log: true }]));
 }
 
 /// Today: hangs. Expected: the empty `[2^31, 0]`.

@@ -42,9 +42,10 @@ compare *ARGS:
 
 # Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
 # Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.
+# The bodies are in crates/tapir-testing; fuzz/TARGET.dict, if present, is passed as a dictionary.
 fuzz TARGET="tape_program" SECONDS="60":
     mkdir -p target/fuzz-corpus/{{TARGET}}
-    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1
+    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1 $(test -f {{TARGET}}.dict && echo -dict={{TARGET}}.dict)
 
 # Valgrind (demo at size 128: GEMM under valgrind is slow) and the 10,000-step memory test: no lost byte.
 leakcheck:
@@ -56,7 +57,7 @@ valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=def
 
 # The tests under AddressSanitizer and LeakSanitizer (nightly; std itself is not instrumented).
 asan:
-    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir --lib --tests --target x86_64-unknown-linux-gnu
+    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
 
 # Everything CI and a reviewer would run.
 ci: lint test

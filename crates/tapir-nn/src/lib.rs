@@ -52,7 +52,6 @@ pub mod init;
 pub mod io;
 pub mod layer;
 pub mod optim;
-pub mod testing;
 
 pub use init::Init;
 pub use layer::{

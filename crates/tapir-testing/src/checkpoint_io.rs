@@ -7,10 +7,10 @@
 //! both element types, or it returns [`Error::Io`] for `"load"`. Nothing else: no panic,
 //! no other variant.
 
-use tapir::testing::program::Finding;
+use crate::program::Finding;
 use tapir::{Error, Float, Tensor};
 
-use crate::io::{read_checkpoint, write_checkpoint};
+use tapir_nn::io::{read_checkpoint, write_checkpoint};
 
 /// Reads `bytes` as a checkpoint in both element types and checks the result.
 ///

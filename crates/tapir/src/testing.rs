@@ -1,15 +1,8 @@
 //! Gradient checking, like `torch.autograd.gradcheck`: compares a function's backward
 //! pass with central finite differences in `f64`.
 //!
-//! [`program`] builds random programs from raw bytes for the fuzz target `tape_program`,
-//! the corpus replay and the property tests; [`tensor_io`] does the same for the loaders
-//! of external data (fuzz target `tensor_io`).
-
-mod generate;
-mod model;
-pub mod program;
-pub mod tensor_io;
-pub mod unstructured;
+//! The random programs, shape model and fuzz harnesses that check the whole engine live in
+//! the unpublished workspace crate `tapir-testing`; only the gradient check is public API.
 
 use rand::{RngExt, SeedableRng};
 

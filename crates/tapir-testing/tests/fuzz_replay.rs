@@ -5,8 +5,9 @@
 
 use std::path::PathBuf;
 
-use tapir::testing::program::run_program;
-use tapir::testing::tensor_io::run_tensor_io;
+use tapir_testing::checkpoint_io::run_checkpoint_io;
+use tapir_testing::program::run_program;
+use tapir_testing::tensor_io::run_tensor_io;
 
 /// Every file of `fuzz/corpus/<target>`, sorted, with its name.
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -45,4 +46,18 @@ fn tensor_io_corpus_replays_clean() {
             panic!("{name}: {finding}");
         }
     }
+}
+
+/// The checkpoint half of the `tensor_io` target: `tapir_nn::io::read_checkpoint`.
+#[test]
+fn tensor_io_corpus_loads_checkpoints_or_fails_cleanly() {
+    let files = corpus("tensor_io");
+    let mut loaded = 0;
+    for (name, bytes) in &files {
+        if let Err(finding) = run_checkpoint_io(bytes) {
+            panic!("{name}: {finding}");
+        }
+        loaded += usize::from(tapir_nn::io::read_checkpoint::<f32>(bytes).is_ok());
+    }
+    assert!(loaded > 0, "no corpus file is a valid checkpoint");
 }

@@ -10,12 +10,12 @@
 //! at the caller. Nothing else: no panic, no allocation of the requested size before the
 //! shape is checked.
 
-use crate::error::Error;
-use crate::tensor::Tensor;
-use crate::testing::model;
-use crate::testing::program::Finding;
-use crate::testing::unstructured::Unstructured;
-use crate::Float;
+use crate::model;
+use crate::program::Finding;
+use crate::unstructured::Unstructured;
+use tapir::Error;
+use tapir::Float;
+use tapir::Tensor;
 
 /// Decodes `bytes` as (flags, dimensions, elements) and checks both loaders on them.
 ///

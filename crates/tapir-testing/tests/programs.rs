@@ -1,9 +1,10 @@
 //! Property tests over random programs: the fuzz target's generator and checks
-//! (`tapir::testing::program`), driven by proptest with few enough cases for 2 cores.
+//! (`tapir_testing::program`), driven by proptest with few enough cases for 2 cores.
 
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
-use tapir::testing::program::{run_program, Program};
+use tapir_testing::codes::FORMAT1_MAGIC;
+use tapir_testing::program::{run_program, Program};
 
 /// `len` bytes from a seeded generator: a program is a function of its seed.
 fn bytes_of(seed: u64, len: usize) -> Vec<u8> {
@@ -18,6 +19,27 @@ proptest! {
     /// finite differences for smooth programs in `f64`.
     #[test]
     fn random_programs_keep_every_promise(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        if let Err(finding) = run_program(&bytes) {
+            prop_assert!(false, "{}", finding);
+        }
+    }
+
+    /// The same in format 1 (`TPv1` then the program), where each code byte names one op
+    /// of the extensible table, unassigned codes included.
+    #[test]
+    fn format1_programs_keep_every_promise(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        let bytes: Vec<u8> = FORMAT1_MAGIC.iter().copied().chain(bytes).collect();
+        if let Err(finding) = run_program(&bytes) {
+            prop_assert!(false, "{}", finding);
+        }
+    }
+
+    /// Smooth programs in format 1 are gradient-checked too.
+    #[test]
+    fn format1_smooth_programs_match_finite_differences(seed: u64, len in 40usize..200) {
+        let mut bytes = bytes_of(seed, len);
+        bytes[0] &= 0b0000_1110;
+        let bytes: Vec<u8> = FORMAT1_MAGIC.iter().copied().chain(bytes).collect();
         if let Err(finding) = run_program(&bytes) {
             prop_assert!(false, "{}", finding);
         }

@@ -2,11 +2,12 @@
 //! decodes, so that most arguments are valid and programs get deep, and draws an
 //! argument without regard to the shapes about one step in sixteen.
 
-use crate::testing::model::{self, Outcome};
-use crate::testing::program::{
-    BinOp, CmpOp, Dtype, Ending, Leaf, Program, ReduceOp, ScalarOp, Step, UnaryOp, WindowOp, MAX_STEPS,
-};
-use crate::testing::unstructured::Unstructured;
+use crate::codes::{self, Code, Format, Kind};
+use crate::model::{self, Outcome};
+use crate::program::{Dtype, Ending, Leaf, Program, Step, WindowOp, MAX_STEPS};
+use crate::unstructured::Unstructured;
+
+mod adversarial;
 
 /// Decodes `bytes` into a program.
 ///
@@ -15,6 +16,7 @@ use crate::testing::unstructured::Unstructured;
 /// infinities, huge values, signed zeros). Bit 3 picks two threads; bits 6–7 both set
 /// cap the arena at fewer than 4096 bytes.
 pub(crate) fn program(bytes: &[u8]) -> Program {
+    let (format, bytes) = codes::split_format(bytes);
     let mut u = Unstructured::new(bytes);
     let header = u.byte();
     let smooth = header & 0b11_0000 == 0;
@@ -28,7 +30,8 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
         _ => Ending::Once,
     };
     let f32 = dtype == Dtype::F32;
-    let mut g = Gen { u, shapes: vec![], steps: vec![], leaves: 0, poisoned: false, smooth, specials, f32 };
+    let mut g =
+        Gen { u, format, shapes: vec![], steps: vec![], nops: 0, leaves: 0, poisoned: false, smooth, specials, f32 };
     let mut leaves = vec![];
     for _ in 0..g.u.range(1, 3) {
         let dims = g.small_dims();
@@ -38,7 +41,9 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
         leaves.push(Leaf { dims, data, grad });
     }
     g.leaves = leaves.len();
-    while !g.u.is_empty() && g.steps.len() < MAX_STEPS {
+    // A `Nop` (format 1) costs one byte and records nothing, so it does not count as a
+    // step; the cap on all steps keeps a program of `Nop`s short too.
+    while !g.u.is_empty() && g.steps.len() - g.nops < MAX_STEPS && g.steps.len() < 4 * MAX_STEPS {
         g.step();
     }
     let values = g.shapes.len();
@@ -47,30 +52,16 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
     Program { dtype, leaves, steps: g.steps, loss, reduce_loss, ending, arena_limit, threads }
 }
 
-const UNARY: [UnaryOp; 15] = [
-    UnaryOp::Neg,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sqrt,
-    UnaryOp::Square,
-    UnaryOp::Recip,
-    UnaryOp::Abs,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Gelu,
-    UnaryOp::GeluTanh,
-    UnaryOp::Softplus,
-];
-
 /// The generator's state: the reader and every value's shape so far.
 struct Gen<'a> {
     u: Unstructured<'a>,
+    /// How ops are coded (see [`crate::codes`]).
+    format: Format,
     /// Shapes of the values (after the first predicted error, whatever the model said last).
     shapes: Vec<Vec<usize>>,
     steps: Vec<Step>,
+    /// How many of the steps are a `Nop`.
+    nops: usize,
     leaves: usize,
     /// Whether a step already failed: later shapes are placeholders.
     poisoned: bool,
@@ -208,49 +199,86 @@ impl Gen<'_> {
         self.value()
     }
 
+    /// The op of the next step, read as its format codes it, and for a `Nop` the code read.
+    fn code(&mut self) -> (Code, u8) {
+        if self.format == Format::V1 {
+            let b = self.u.byte();
+            let code = codes::FORMAT1[usize::from(b)];
+            let off = (self.smooth && !code.smooth()) || (!cfg!(feature = "hardening") && code.hardening());
+            return (if off { Code::Nop } else { code }, b);
+        }
+        let smooth = self.smooth;
+        let b = usize::from(self.u.byte());
+        let kind = if smooth { codes::SMOOTH_KINDS0[b] } else { codes::KINDS0[b] };
+        let mut sub = || usize::from(self.u.byte());
+        let code = match kind {
+            Kind::Binary => Code::Binary((if smooth { &codes::SMOOTH_BINARY0 } else { &codes::BINARY0 })[sub()]),
+            Kind::Compare => Code::Compare(codes::CMP0[sub()]),
+            Kind::Scalar => Code::Scalar((if smooth { &codes::SMOOTH_SCALAR0 } else { &codes::SCALAR0 })[sub()]),
+            Kind::Unary => loop {
+                let op = codes::UNARY0[sub()];
+                if !smooth || op.smooth() {
+                    break Code::Unary(op);
+                }
+            },
+            Kind::Reduce => Code::Reduce((if smooth { &codes::SMOOTH_REDUCE0 } else { &codes::REDUCE0 })[sub()]),
+            Kind::Window => Code::Window((if smooth { &codes::SMOOTH_WINDOW0 } else { &codes::WINDOW0 })[sub()]),
+            Kind::Clamp => Code::Clamp,
+            Kind::MatMul => Code::MatMul,
+            Kind::Reshape => Code::Reshape,
+            Kind::Permute => Code::Permute,
+            Kind::Transpose => Code::Transpose,
+            Kind::BroadcastTo => Code::BroadcastTo,
+            Kind::Squeeze => Code::Squeeze,
+            Kind::Unsqueeze => Code::Unsqueeze,
+            Kind::Narrow => Code::Narrow,
+            Kind::Concat => Code::Concat,
+            Kind::Stack => Code::Stack,
+            Kind::IndexSelect => Code::IndexSelect,
+            Kind::Where => Code::Where,
+            Kind::Var => Code::Var,
+            Kind::LogSumExp => Code::LogSumExp,
+            Kind::Softmax => Code::Softmax,
+            Kind::CrossEntropy => Code::CrossEntropy,
+            Kind::Nll => Code::Nll,
+            Kind::Bce => Code::Bce,
+            Kind::Mse => Code::Mse,
+            Kind::Detach => Code::Detach,
+            Kind::WithGrad => Code::WithGrad,
+            Kind::NoGrad => Code::NoGrad,
+            Kind::Const => Code::Const,
+            Kind::Full => Code::Full,
+            Kind::Conv2d => Code::Conv2d,
+        };
+        (code, b as u8)
+    }
+
     /// Generates one step (and any constants it needs).
     fn step(&mut self) {
-        const KINDS: usize = 32;
-        const SMOOTH: [usize; 24] =
-            [0, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23, 24, 30, 31];
-        let kind = if self.smooth { SMOOTH[self.u.below(SMOOTH.len())] } else { self.u.below(KINDS) };
-        let step = match kind {
-            0 => {
-                let ops = if self.smooth { &BINARY[..3] } else { &BINARY[..] };
-                let op = ops[self.u.below(ops.len())];
+        let (code, byte) = self.code();
+        let step = match code {
+            Code::Nop => Step::Nop { code: byte },
+            Code::Binary(op) => {
                 let a = self.pick();
                 let b = self.partner(a);
                 Step::Binary { op, a, b }
             }
-            1 => {
-                let op = [CmpOp::Gt, CmpOp::Ge, CmpOp::Lt, CmpOp::Le, CmpOp::Equal][self.u.below(5)];
+            Code::Compare(op) => {
                 let a = self.pick();
                 let b = self.partner(a);
                 Step::Compare { op, a, b }
             }
-            2 => {
-                let ops = if self.smooth { &SCALAR[..4] } else { &SCALAR[..] };
-                let op = ops[self.u.below(ops.len())];
-                Step::Scalar { op, x: self.pick(), c: self.scalar() }
-            }
-            3 => {
+            Code::Scalar(op) => Step::Scalar { op, x: self.pick(), c: self.scalar() },
+            Code::Clamp => {
                 let (x, mut lo, mut hi) = (self.pick(), self.value(), self.value());
                 if self.valid() && lo > hi {
                     std::mem::swap(&mut lo, &mut hi);
                 }
                 Step::Clamp { x, lo, hi }
             }
-            4 => {
-                let op = loop {
-                    let op = UNARY[self.u.below(UNARY.len())];
-                    if !self.smooth || op.smooth() {
-                        break op;
-                    }
-                };
-                Step::Unary { op, x: self.pick() }
-            }
-            5 => self.matmul(),
-            6 => {
+            Code::Unary(op) => Step::Unary { op, x: self.pick() },
+            Code::MatMul => self.matmul(),
+            Code::Reshape => {
                 let x = self.pick();
                 let dims = if self.valid() {
                     let mut d = self.shape(x).to_vec();
@@ -269,7 +297,7 @@ impl Gen<'_> {
                 };
                 Step::Reshape { x, dims }
             }
-            7 => {
+            Code::Permute => {
                 let x = self.pick();
                 let rank = self.shape(x).len();
                 let mut axes: Vec<usize> = (0..rank).collect();
@@ -283,7 +311,7 @@ impl Gen<'_> {
                 }
                 Step::Permute { x, axes }
             }
-            8 => {
+            Code::Transpose => {
                 let x = self.pick_where(|s| s.len() >= 2).unwrap_or_else(|| self.pick());
                 let rank = self.shape(x).len();
                 let valid = self.valid();
@@ -294,7 +322,7 @@ impl Gen<'_> {
                 };
                 Step::Transpose { x, a0, a1 }
             }
-            9 => {
+            Code::BroadcastTo => {
                 let x = self.pick();
                 let dims = if self.valid() {
                     let mut d = self.shape(x).to_vec();
@@ -312,7 +340,7 @@ impl Gen<'_> {
                 };
                 Step::BroadcastTo { x, dims }
             }
-            10 => {
+            Code::Squeeze => {
                 let x = self.pick_where(|s| s.contains(&1)).unwrap_or_else(|| self.pick());
                 let shape = self.shape(x).to_vec();
                 let ones: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] == 1).collect();
@@ -323,13 +351,13 @@ impl Gen<'_> {
                 };
                 Step::Squeeze { x, axis }
             }
-            11 => {
+            Code::Unsqueeze => {
                 let x = self.pick();
                 let rank = self.shape(x).len();
                 let valid = self.valid();
                 Step::Unsqueeze { x, axis: self.axis_for(rank + 1, valid) }
             }
-            12 => {
+            Code::Narrow => {
                 let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
                 let shape = self.shape(x).to_vec();
                 let valid = self.valid();
@@ -345,11 +373,11 @@ impl Gen<'_> {
                 };
                 Step::Narrow { x, axis, start, len }
             }
-            13 | 14 => {
-                let x = self.pick_where(|s| !s.is_empty() || kind == 14).unwrap_or_else(|| self.pick());
+            Code::Concat | Code::Stack => {
+                let x = self.pick_where(|s| !s.is_empty() || code == Code::Stack).unwrap_or_else(|| self.pick());
                 let shape = self.shape(x).to_vec();
                 let valid = self.valid();
-                let stack = kind == 14;
+                let stack = code == Code::Stack;
                 let axis = self.axis_for(shape.len() + usize::from(stack), valid);
                 let mut xs = vec![x];
                 for _ in 0..self.u.below(3) {
@@ -375,7 +403,7 @@ impl Gen<'_> {
                     Step::Concat { xs, axis }
                 }
             }
-            15 => {
+            Code::IndexSelect => {
                 let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
                 let shape = self.shape(x).to_vec();
                 let valid = self.valid();
@@ -391,22 +419,20 @@ impl Gen<'_> {
                 };
                 Step::IndexSelect { x, axis, indices }
             }
-            16 => {
+            Code::Where => {
                 let a = self.pick();
                 let cond = self.partner(a);
                 let b = self.partner(a);
                 Step::Where { cond, a, b }
             }
-            17 => {
-                let ops = if self.smooth { &REDUCE[..2] } else { &REDUCE[..] };
-                let op = ops[self.u.below(ops.len())];
+            Code::Reduce(op) => {
                 let x = self.pick();
                 let rank = self.shape(x).len();
                 let valid = self.valid();
                 let axes = (!self.u.chance(1, 3)).then(|| self.axes_for(rank, valid));
                 Step::Reduce { op, x, axes, keepdim: self.u.chance(1, 2) }
             }
-            18 => {
+            Code::Var => {
                 let x = self.pick();
                 let rank = self.shape(x).len();
                 let valid = self.valid();
@@ -414,19 +440,19 @@ impl Gen<'_> {
                 let correction = self.u.below(2);
                 Step::Var { x, axes, keepdim: self.u.chance(1, 2), correction }
             }
-            19 => {
+            Code::LogSumExp => {
                 let x = self.pick_where(|s| !s.is_empty() && !s.contains(&0)).unwrap_or_else(|| self.pick());
                 let rank = self.shape(x).len();
                 let valid = self.valid();
                 Step::LogSumExp { x, axis: self.axis_for(rank, valid), keepdim: self.u.chance(1, 2) }
             }
-            20 => {
+            Code::Softmax => {
                 let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
                 let rank = self.shape(x).len();
                 let valid = self.valid();
                 Step::Softmax { x, axis: self.axis_for(rank, valid), log: self.u.chance(1, 2) }
             }
-            21 | 22 => {
+            Code::CrossEntropy | Code::Nll => {
                 let valid = self.valid();
                 let x = match self.pick_where(|s| s.len() == 2 && s[1] > 0) {
                     Some(x) if self.u.chance(3, 4) || !valid => x,
@@ -436,18 +462,21 @@ impl Gen<'_> {
                     }
                 };
                 let shape = self.shape(x).to_vec();
-                let labels = if valid && shape.len() == 2 {
+                // A huge valid operand (a zero-size reduction can leave `[2^32 - 1, 3]`,
+                // which the arena limit then stops) must not make the generator allocate
+                // a label per row.
+                let labels = if valid && shape.len() == 2 && shape[0] <= 1 << 16 {
                     (0..shape[0]).map(|_| self.u.below(shape[1])).collect()
                 } else {
                     (0..self.u.below(4)).map(|_| self.u.below(5)).collect()
                 };
-                if kind == 21 {
+                if code == Code::CrossEntropy {
                     Step::CrossEntropy { x, labels }
                 } else {
                     Step::Nll { x, labels }
                 }
             }
-            23 => {
+            Code::Bce => {
                 let x = self.pick();
                 let shape = self.shape(x).to_vec();
                 let y = if !self.valid() {
@@ -460,27 +489,22 @@ impl Gen<'_> {
                 };
                 Step::Bce { x, y }
             }
-            24 => {
+            Code::Mse => {
                 let a = self.pick();
                 let b = self.partner(a);
                 Step::Mse { a, b }
             }
-            25 => Step::Detach { x: self.pick() },
-            26 => Step::WithGrad { x: self.pick() },
-            27 => {
+            Code::Detach => Step::Detach { x: self.pick() },
+            Code::WithGrad => Step::WithGrad { x: self.pick() },
+            Code::NoGrad => {
                 // A unary, scalar or binary op under no_grad.
                 let x = self.pick();
-                let inner = match self.u.below(3) {
-                    0 => Step::Unary { op: UNARY[self.u.below(UNARY.len())], x },
-                    1 => Step::Scalar { op: SCALAR[self.u.below(SCALAR.len())], x, c: self.value() },
-                    _ => {
-                        let b = self.partner(x);
-                        Step::Binary { op: BINARY[self.u.below(BINARY.len())], a: x, b }
-                    }
-                };
-                Step::NoGrad(Box::new(inner))
+                match self.no_grad_inner(x) {
+                    Ok(inner) => Step::NoGrad(Box::new(inner)),
+                    Err(code) => Step::Nop { code },
+                }
             }
-            28 => {
+            Code::Const => {
                 let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
                 let mut n: usize = if model::valid_dims(&dims) { dims.iter().product() } else { 2 };
                 if !self.valid() {
@@ -489,14 +513,42 @@ impl Gen<'_> {
                 let data = self.data(n);
                 Step::Const { dims, data }
             }
-            29 => {
+            Code::Full => {
                 let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
                 Step::Full { dims, v: self.value() }
             }
-            30 => self.conv2d(),
-            _ => self.window(),
+            Code::Conv2d => self.conv2d(),
+            Code::Window(op) => self.window(op),
+            Code::ZeroHuge => self.zero_huge(),
+            Code::RepeatedAxes => self.repeated_axes(),
         };
+        self.nops += usize::from(matches!(step, Step::Nop { .. }));
         self.push(step);
+    }
+
+    /// The op under `no_grad` on `x`: unary, scalar or binary; in format 1 the code byte
+    /// of any other op, which makes the step a `Nop`.
+    fn no_grad_inner(&mut self, x: usize) -> Result<Step, u8> {
+        if self.format == Format::V1 {
+            let b = self.u.byte();
+            return match codes::FORMAT1[usize::from(b)] {
+                Code::Unary(op) => Ok(Step::Unary { op, x }),
+                Code::Scalar(op) => Ok(Step::Scalar { op, x, c: self.value() }),
+                Code::Binary(op) => {
+                    let b = self.partner(x);
+                    Ok(Step::Binary { op, a: x, b })
+                }
+                _ => Err(b),
+            };
+        }
+        Ok(match self.u.below(3) {
+            0 => Step::Unary { op: codes::UNARY0[usize::from(self.u.byte())], x },
+            1 => Step::Scalar { op: codes::SCALAR0[usize::from(self.u.byte())], x, c: self.value() },
+            _ => {
+                let b = self.partner(x);
+                Step::Binary { op: codes::BINARY0[usize::from(self.u.byte())], a: x, b }
+            }
+        })
     }
 
     /// A 4-D operand `[N, C, H, W]` (made as a constant if none exists or now and then).
@@ -528,9 +580,7 @@ impl Gen<'_> {
         out
     }
 
-    fn window(&mut self) -> Step {
-        let op =
-            [WindowOp::AvgPool2d, WindowOp::Im2Col, WindowOp::MaxPool2d][self.u.below(if self.smooth { 2 } else { 3 })];
+    fn window(&mut self, op: WindowOp) -> Step {
         let valid = self.valid();
         let x = if valid || self.u.chance(1, 2) { self.image() } else { self.pick() };
         let sx = self.shape(x).to_vec();
@@ -574,16 +624,3 @@ impl Gen<'_> {
         Step::MatMul { a, b }
     }
 }
-
-const BINARY: [BinOp; 7] = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Pow, BinOp::Maximum, BinOp::Minimum];
-const SCALAR: [ScalarOp; 8] = [
-    ScalarOp::Add,
-    ScalarOp::Sub,
-    ScalarOp::Mul,
-    ScalarOp::Div,
-    ScalarOp::Powf,
-    ScalarOp::LeakyRelu,
-    ScalarOp::RSub,
-    ScalarOp::RDiv,
-];
-const REDUCE: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];

@@ -6,9 +6,9 @@
 //! that drifts from its documentation, or an error reported under the wrong variant or
 //! op name, is a finding.
 
-use crate::error::Error;
-use crate::shape::MAX_RANK;
-use crate::testing::program::{ReduceOp, Step, WindowOp};
+use crate::program::{ReduceOp, Step, WindowOp};
+use tapir::Error;
+use tapir::MAX_RANK;
 
 /// What a step must do, given its operands' shapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,9 @@ pub(crate) fn variant(e: &Error) -> &'static str {
         Error::InvalidArgument { .. } => "InvalidArgument",
         Error::UnknownParam { .. } => "UnknownParam",
         Error::Io { .. } => "Io",
+        // `Error` is non-exhaustive: a variant added later has no name here until the
+        // model learns it, so it never matches a prediction.
+        _ => "unknown",
     }
 }
 
@@ -81,12 +84,16 @@ fn numel(dims: &[usize]) -> usize {
     dims.iter().product()
 }
 
+/// An axis list that names one axis twice is an error, as in PyTorch's "dim appears
+/// multiple times" (`mean_axes` and `var` would otherwise divide by the wrong count).
+const REPEATED_AXIS: &str = "InvalidArgument";
+
 /// `Some(reduced shape)` or the error of a reduction over `axes` (in the given order).
 fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty: bool) -> Outcome {
     let mut picked = [false; MAX_RANK];
     for &a in axes {
         match resolve(x.len(), a) {
-            Some(ax) if picked[ax] => return err("InvalidArgument", op),
+            Some(ax) if picked[ax] => return err(REPEATED_AXIS, op),
             Some(ax) => picked[ax] = true,
             None => return err("BadAxis", op),
         }
@@ -99,7 +106,8 @@ fn reduce(op: &'static str, x: &[usize], axes: &[isize], keepdim: bool, nonempty
         (true, true) => Some(1),
         (true, false) => None,
     });
-    Outcome::Ok(out.collect())
+    // Reducing a zero-size axis away can leave an element count that does not fit.
+    checked(op, Some(out.collect()))
 }
 
 /// `x` with a size-1 axis inserted, or the error of `op` (`unsqueeze`, or `stack`).
@@ -201,7 +209,9 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             match broadcast(&a[..ra - 2], &b[..rb - 2]) {
                 Some(mut out) => {
                     out.extend([a[ra - 2], b[rb - 1]]);
-                    if out.len() <= MAX_RANK {
+                    // A contracted zero leaves `m × n`, which may not be addressable: the
+                    // engine reports it as a matmul shape error too.
+                    if valid_dims(&out) {
                         Outcome::Ok(out)
                     } else {
                         err("MatMulShape", "matmul")
@@ -360,6 +370,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             };
             checked(op.name(), dims)
         }
+        Step::Nop { .. } => Outcome::Ok(shapes[shapes.len() - 1].clone()),
         Step::Conv2d { x, w, stride, padding } => {
             let (x, w) = (s(*x), s(*w));
             if x.len() != 4 || w.len() != 4 || x[1] != w[1] {
@@ -373,7 +384,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                 "conv2d",
                 oh.checked_mul(ow).map(|l| vec![x[0], w[1].saturating_mul(w[2]).saturating_mul(w[3]), l]),
             ) {
-                Outcome::Ok(_) => Outcome::Ok(vec![x[0], w[0], oh, ow]),
+                Outcome::Ok(_) => checked("conv2d", Some(vec![x[0], w[0], oh, ow])),
                 e => e,
             }
         }

@@ -110,12 +110,6 @@ pub enum Code {
 }
 
 impl Code {
-    /// Whether the op is one of the adversarial kinds that the engine does not handle yet
-    /// (issue "Hardening"): they decode to `Nop` unless the feature `hardening` is on.
-    pub fn hardening(self) -> bool {
-        matches!(self, Code::ZeroHuge | Code::RepeatedAxes)
-    }
-
     /// Whether a smooth program (valid arguments, differentiable ops, gradient-checked)
     /// may use the op: the kinds and sub-ops that format 0 draws in smooth programs.
     pub fn smooth(self) -> bool {

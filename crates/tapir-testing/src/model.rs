@@ -56,7 +56,8 @@ fn err(variant: &'static str, op: &'static str) -> Outcome {
 pub(crate) fn valid_dims(dims: &[usize]) -> bool {
     dims.len() <= MAX_RANK
         && dims.iter().all(|&d| u32::try_from(d).is_ok())
-        && dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_some_and(|n| n <= isize::MAX as usize / 8)
+        && (dims.contains(&0)
+            || dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_some_and(|n| n <= isize::MAX as usize / 8))
 }
 
 /// `axis` in `-rank..rank`, made non-negative.
@@ -80,8 +81,13 @@ pub(crate) fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
-fn numel(dims: &[usize]) -> usize {
-    dims.iter().product()
+/// Elements of a shape: 0 with a zero dimension, whatever the others multiply to.
+pub(crate) fn numel(dims: &[usize]) -> usize {
+    if dims.contains(&0) {
+        0
+    } else {
+        dims.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+    }
 }
 
 /// An axis list that names one axis twice is an error, as in PyTorch's "dim appears
@@ -209,12 +215,14 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             match broadcast(&a[..ra - 2], &b[..rb - 2]) {
                 Some(mut out) => {
                     out.extend([a[ra - 2], b[rb - 1]]);
-                    // A contracted zero leaves `m × n`, which may not be addressable: the
-                    // engine reports it as a matmul shape error too.
-                    if valid_dims(&out) {
+                    // A contracted zero leaves `m × n`, which may not be addressable: an
+                    // output too large is a shape error of its own, not a rank problem.
+                    if out.len() > MAX_RANK {
+                        err("MatMulShape", "matmul")
+                    } else if valid_dims(&out) {
                         Outcome::Ok(out)
                     } else {
-                        err("MatMulShape", "matmul")
+                        err("InvalidShape", "matmul")
                     }
                 }
                 None => err("MatMulShape", "matmul"),

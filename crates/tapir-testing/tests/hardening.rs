@@ -1,15 +1,11 @@
-//! The programs that the adversarial step kinds of format 1 found failing on the engine
-//! (issue "Hardening"): each is the smallest program of its class, run through the same
-//! checker as the fuzz target. Compiled only with the feature `hardening`, which also
-//! turns the two step kinds on in the generator, because today these programs panic,
-//! hang, or succeed where an error is due:
+//! The programs that the adversarial step kinds of format 1 (zero-size with huge
+//! dimensions, repeated axes) found failing on the engine (issue "Hardening"): each is the
+//! smallest program of its class, run through the same checker as the fuzz target. They
+//! panicked, hung, or succeeded where an error is due before the engine was fixed:
 //!
 //! ```text
-//! cargo test -p tapir-testing --features hardening --test hardening
+//! cargo test -p tapir-testing --test hardening
 //! ```
-//!
-//! Remove the feature gate (here, in `codes.rs` and in `model.rs`) once they pass.
-#![cfg(feature = "hardening")]
 
 use tapir_testing::program::{Dtype, Ending, Leaf, Program, ReduceOp, Step};
 

@@ -33,21 +33,25 @@ impl Shape {
     /// A shape from a list of dimensions.
     ///
     /// # Errors
-    /// [`ShapeProblem`] if the rank exceeds [`MAX_RANK`] or the element count overflows.
+    /// [`ShapeProblem`] if the rank exceeds [`MAX_RANK`], a dimension does not fit a `u32`
+    /// or the element count overflows. A shape with a zero dimension has no element
+    /// whatever the others are, in any order (`[2^32-1, 2^32-1, 2^31, 0]` is valid).
     pub fn new(dims: &[usize]) -> Result<Shape, ShapeProblem> {
         if dims.len() > MAX_RANK {
             return Err(ShapeProblem::Rank(dims.len()));
         }
         let mut out = Shape { dims: [0; MAX_RANK], rank: dims.len() as u8 };
-        let mut numel: usize = 1;
+        let mut numel: Option<usize> = Some(1);
         for (slot, &d) in out.dims.iter_mut().zip(dims) {
             *slot = u32::try_from(d).map_err(|_| ShapeProblem::Overflow)?;
-            numel = numel.checked_mul(d).ok_or(ShapeProblem::Overflow)?;
+            numel = numel.and_then(|n| n.checked_mul(d));
         }
-        if numel > MAX_NUMEL {
-            return Err(ShapeProblem::Overflow);
+        let empty = dims.contains(&0);
+        match numel {
+            _ if empty => Ok(out),
+            Some(n) if n <= MAX_NUMEL => Ok(out),
+            _ => Err(ShapeProblem::Overflow),
         }
-        Ok(out)
     }
 
     /// The shape of a scalar: rank 0, one element.
@@ -87,16 +91,36 @@ impl Shape {
 
     /// Number of elements (1 for a scalar, 0 if any dimension is 0).
     pub fn numel(&self) -> usize {
-        self.dims().iter().map(|&d| d as usize).product()
+        if self.is_empty() {
+            return 0;
+        }
+        // Saturating: a shape made by `leading` may exceed the limit that `new` checks.
+        self.dims().iter().fold(1usize, |n, &d| n.saturating_mul(d as usize))
+    }
+
+    /// The first `rank` dimensions as a shape of their own. Not checked against the element
+    /// limit: only for broadcasting the batch part of a shape whose other part may be empty.
+    pub(crate) fn leading(&self, rank: usize) -> Shape {
+        let mut out = *self;
+        out.rank = rank.min(self.rank()) as u8;
+        let r = out.rank();
+        out.dims[r..].fill(0);
+        out
+    }
+
+    /// Whether some dimension is 0 (then the other dimensions may multiply past `usize`).
+    pub fn is_empty(&self) -> bool {
+        self.dims().contains(&0)
     }
 
     /// Row-major strides in elements.
     pub fn strides(&self) -> [usize; MAX_RANK] {
         let mut s = [0; MAX_RANK];
-        let mut acc = 1;
+        let mut acc: usize = 1;
         for i in (0..self.rank()).rev() {
             s[i] = acc;
-            acc *= self.dims[i] as usize;
+            // Saturating: the strides of an empty shape are never used to index.
+            acc = acc.saturating_mul(self.dims[i] as usize);
         }
         s
     }
@@ -122,7 +146,12 @@ impl Shape {
     }
 
     /// `(outer, len, inner)`: the sizes before, at and after `axis`, for axis-wise kernels.
+    /// For an empty shape `outer` is 0, so that a kernel's loops (outer first) do no work,
+    /// however large the other dimensions are.
     pub(crate) fn split_at_axis(&self, axis: usize) -> (usize, usize, usize) {
+        if self.is_empty() {
+            return (0, self.dim(axis), 0);
+        }
         let outer = self.dims()[..axis].iter().map(|&d| d as usize).product();
         let inner = self.dims()[axis + 1..].iter().map(|&d| d as usize).product();
         (outer, self.dim(axis), inner)
@@ -131,6 +160,16 @@ impl Shape {
     /// The NumPy broadcast of two shapes, or `None` if some aligned pair of dimensions
     /// differs with neither equal to 1.
     pub fn broadcast(&self, other: &Shape) -> Option<Shape> {
+        // Every output dimension is one of the inputs' dimensions and the output has at
+        // most as many elements as the larger input times the smaller's broadcast factor;
+        // re-check rather than argue.
+        let out = self.broadcast_dims(other)?;
+        Shape::new(&out.to_array()[..out.rank()]).ok()
+    }
+
+    /// [`broadcast`](Shape::broadcast) without the element limit: for the batch parts of
+    /// a product, which are broadcast but never allocated on their own.
+    pub(crate) fn broadcast_dims(&self, other: &Shape) -> Option<Shape> {
         let rank = self.rank().max(other.rank());
         let mut out = Shape { dims: [0; MAX_RANK], rank: rank as u8 };
         for i in 0..rank {
@@ -143,10 +182,7 @@ impl Shape {
                 _ => return None,
             };
         }
-        // Every output dimension is one of the inputs' dimensions and the output has at
-        // most as many elements as the larger input times the smaller's broadcast factor;
-        // re-check rather than argue.
-        Shape::new(&out.to_array()[..rank]).ok()
+        Some(out)
     }
 
     /// Dimension counted from the right (0 is the last), with 1 past the rank.

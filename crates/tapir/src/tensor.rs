@@ -435,11 +435,8 @@ impl<T: Float> Tensor<T> {
     /// [`Error::MatMulShape`] as for [`Var::matmul`](crate::Var::matmul).
     #[track_caller]
     pub fn matmul(&self, other: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
-        let (dims, so) = MatMulDims::new(&self.shape, &other.shape).ok_or(Error::MatMulShape {
-            lhs: self.shape,
-            rhs: other.shape,
-            location: Location::caller(),
-        })?;
+        let (dims, so) = MatMulDims::new(&self.shape, &other.shape)
+            .map_err(|p| MatMulDims::error("matmul", self.shape, other.shape, p, Location::caller()))?;
         let par = if threads == 1 { faer::Par::Seq } else { faer::Par::rayon(threads) };
         let mut out = vec![T::ZERO; so.numel()];
         kernels::matmul::forward(&dims, &self.data, &other.data, &mut out, par);

@@ -204,7 +204,7 @@ impl Gen<'_> {
         if self.format == Format::V1 {
             let b = self.u.byte();
             let code = codes::FORMAT1[usize::from(b)];
-            let off = (self.smooth && !code.smooth()) || (!cfg!(feature = "hardening") && code.hardening());
+            let off = self.smooth && !code.smooth();
             return (if off { Code::Nop } else { code }, b);
         }
         let smooth = self.smooth;
@@ -289,7 +289,7 @@ impl Gen<'_> {
                         d.insert(self.u.below(d.len() + 1), 1);
                     }
                     if self.u.chance(1, 4) {
-                        d = vec![d.iter().product()];
+                        d = vec![model::numel(&d)];
                     }
                     d
                 } else {
@@ -506,7 +506,7 @@ impl Gen<'_> {
             }
             Code::Const => {
                 let dims = if self.valid() { self.small_dims() } else { self.bad_dims() };
-                let mut n: usize = if model::valid_dims(&dims) { dims.iter().product() } else { 2 };
+                let mut n: usize = if model::valid_dims(&dims) { model::numel(&dims) } else { 2 };
                 if !self.valid() {
                     n = (n + 1).saturating_sub(self.u.below(3));
                 }

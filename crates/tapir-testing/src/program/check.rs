@@ -225,7 +225,8 @@ impl<'s, 'g: 's, T: Float> Run<'_, 's, 'g, T> {
                     other => return Err(self.fail(at, format!("succeeded, model expects {other:?}"))),
                 };
                 let len = v.value().map_err(|e| self.fail(at, format!("value: {e}")))?.len();
-                if v.shape().to_vec() != *dims || len != dims.iter().product::<usize>() {
+                let numel = if dims.contains(&0) { 0 } else { dims.iter().product::<usize>() };
+                if v.shape().to_vec() != *dims || len != numel {
                     return Err(
                         self.fail(at, format!("shape {} with {len} elements, model expects {dims:?}", v.shape()))
                     );

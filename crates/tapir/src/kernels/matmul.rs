@@ -6,6 +6,7 @@
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
+use crate::error::{Error, Loc};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -43,33 +44,56 @@ pub(crate) struct MatMulDims {
 }
 
 impl MatMulDims {
-    /// `None` if ranks are below 2, inner sizes differ or batch dims do not broadcast.
-    pub(crate) fn new(a: &Shape, b: &Shape) -> Option<(MatMulDims, Shape)> {
+    /// The product's dimensions and output shape; `Err(None)` if ranks are below 2, inner
+    /// sizes differ or batch dims do not broadcast, `Err(Some(dims))` if the output `dims`
+    /// would hold more elements than fit.
+    pub(crate) fn new(a: &Shape, b: &Shape) -> Result<(MatMulDims, Shape), Option<Vec<usize>>> {
         let (ra, rb) = (a.rank(), b.rank());
         if ra < 2 || rb < 2 {
-            return None;
+            return Err(None);
         }
         let (m, k) = (a.dim(ra - 2), a.dim(ra - 1));
         let (k2, n) = (b.dim(rb - 2), b.dim(rb - 1));
         if k != k2 {
-            return None;
+            return Err(None);
         }
-        let a_batch = Shape::new(&a.to_array()[..ra - 2]).ok()?;
-        let b_batch = Shape::new(&b.to_array()[..rb - 2]).ok()?;
-        let batch = a_batch.broadcast(&b_batch)?;
+        // The batch parts of an empty operand may multiply past any limit: they are only
+        // broadcast, never allocated.
+        let a_batch = a.leading(ra - 2);
+        let b_batch = b.leading(rb - 2);
+        let batch = a_batch.broadcast_dims(&b_batch).ok_or(None)?;
         let mut out = batch.to_array();
         let r = batch.rank();
         if r + 2 > crate::shape::MAX_RANK {
-            return None;
+            return Err(None);
         }
         out[r] = m;
         out[r + 1] = n;
-        let out = Shape::new(&out[..r + 2]).ok()?;
-        Some((MatMulDims { m, k, n, batch, a_batch, b_batch }, out))
+        let out = Shape::new(&out[..r + 2]).map_err(|_| Some(out[..r + 2].to_vec()))?;
+        Ok((MatMulDims { m, k, n, batch, a_batch, b_batch }, out))
     }
 
-    /// Calls `f(batch, a_batch, b_batch)` with matrix indices for every output matrix.
+    /// The typed error of a product of `a` and `b` that [`new`](MatMulDims::new) refused.
+    pub(crate) fn error(op: &'static str, a: Shape, b: Shape, problem: Option<Vec<usize>>, location: Loc) -> Error {
+        match problem {
+            None => Error::MatMulShape { lhs: a, rhs: b, location },
+            Some(dims) => Error::InvalidShape {
+                op,
+                shape: a,
+                detail: format!("the product with {b} would have shape {dims:?}, more elements than fit in memory"),
+                location,
+            },
+        }
+    }
+
+    /// Calls `f(batch, a_batch, b_batch)` with matrix indices for every output matrix. Does
+    /// nothing when any operand or the output is empty: then the product and both of its
+    /// gradients are empty or zero (the buffers start zeroed), and the batch count may be
+    /// astronomically large.
     pub(crate) fn for_each(&self, mut f: impl FnMut(usize, usize, usize)) {
+        if self.m == 0 || self.k == 0 || self.n == 0 || self.batch.is_empty() {
+            return;
+        }
         if self.batch.rank() == 0 {
             f(0, 0, 0);
             return;

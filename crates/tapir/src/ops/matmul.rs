@@ -6,7 +6,7 @@
 //! Both products run through faer with transposed views (no transpose is materialised)
 //! and `Accum::Add` into the existing gradient buffers, so `x · x` gets both terms.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::{NodeId, Var};
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
 use crate::ops::{Op, OpKind};
@@ -18,14 +18,14 @@ impl<'s, T: Float> Var<'s, T> {
     ///
     /// # Errors
     /// [`Error::MatMulShape`] (recorded) unless both ranks are ≥ 2, `a`'s last dimension
-    /// equals `b`'s second-to-last, and the batch dimensions broadcast.
+    /// equals `b`'s second-to-last, and the batch dimensions broadcast;
+    /// [`Error::InvalidShape`] if the output would not fit in memory.
     #[track_caller]
     pub fn matmul(self, b: Var<'s, T>) -> Var<'s, T> {
         let par = self.core.par;
         self.core.record(OpKind::MatMul, |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(b.id));
-            let (dims, so) =
-                MatMulDims::new(&sa, &sb).ok_or(Error::MatMulShape { lhs: sa, rhs: sb, location: r.location })?;
+            let (dims, so) = MatMulDims::new(&sa, &sb).map_err(|p| MatMulDims::error(r.op, sa, sb, p, r.location))?;
             let out = r.alloc(so.numel())?;
             kmatmul::forward(&dims, r.value(self.id), r.value(b.id), out, par);
             Ok((Op::MatMul { a: self.id, b: b.id }, so, out))

@@ -56,7 +56,7 @@ fn check<T: Float>(
     let finding = |detail: String| Finding { what: detail, program: what.clone() };
     let expected = if !model::valid_dims(dims) {
         Err("InvalidShape")
-    } else if model::numel(&dims) != data.len() {
+    } else if model::numel(dims) != data.len() {
         Err("DataLength")
     } else {
         Ok(())

@@ -21,8 +21,8 @@
 //! let mut rng = rand::rngs::StdRng::seed_from_u64(0);
 //! let mut store = ParamStore::<f32>::new();
 //! let model = Mlp::builder(2).hidden(16).activation(Activation::Tanh).output(2).build(&mut store, "mlp", &mut rng)?;
-//! let mut grads = store.zeros_like();
-//! let mut opt = Adam::new(&store, 0.05);
+//! let mut grads = store.zeros_like()?;
+//! let mut opt = Adam::new(&store, 0.05)?;
 //! // XOR: four points, two classes.
 //! let x = Tensor::from_vec(vec![0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2])?;
 //! let labels = [0, 1, 1, 0];

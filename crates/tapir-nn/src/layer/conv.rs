@@ -209,7 +209,7 @@ mod tests {
             .push(Flatten)
             .push(crate::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
         let x = Tensor::<f32>::normal(&[5, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();
         g.scope(|s| {
             let y = model.forward(Ctx::train(s, &store), s.input(&x));

@@ -59,7 +59,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let mut store = ParamStore::<f64>::new();
         let emb = Embedding::new(&mut store, "emb", 5, 3, &mut rng).unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let table = store.get(emb.weight).unwrap().clone();
         let mut g = Graph::new();
         g.scope(|s| {

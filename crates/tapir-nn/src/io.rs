@@ -57,11 +57,23 @@ fn raw<T: Float>(t: &Tensor<T>) -> Raw {
     Raw { dtype, shape: t.dims(), bytes }
 }
 
-/// Serialises named tensors to safetensors bytes.
+/// The key safetensors reserves in its header for the file's metadata: a tensor of that
+/// name would be written but make the file unreadable, so saving refuses it.
+pub const RESERVED_NAME: &str = "__metadata__";
+
+/// Serialises named tensors to safetensors bytes. Every file it writes can be read back
+/// by [`read_checkpoint`].
 ///
 /// # Errors
-/// [`Error::Io`] if two tensors share a name.
+/// [`Error::Io`] if two tensors share a name, or a tensor is named [`RESERVED_NAME`]
+/// (`"__metadata__"`, safetensors' header key; rename the parameter).
 pub fn write_checkpoint<T: Float>(tensors: &[(&str, &Tensor<T>)]) -> tapir::Result<Vec<u8>> {
+    if tensors.iter().any(|(n, _)| *n == RESERVED_NAME) {
+        return Err(io(
+            "save",
+            format!("a tensor is named {RESERVED_NAME:?}, the key safetensors reserves for metadata; rename it"),
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     if let Some((dup, _)) = tensors.iter().find(|(n, _)| !seen.insert(*n)) {
         return Err(io("save", format!("two tensors are named {dup:?}; names must be unique")));
@@ -162,7 +174,7 @@ pub fn load_bytes<T: Float>(store: &mut ParamStore<T>, bytes: &[u8]) -> tapir::R
 /// Writes the store's parameters to a safetensors file at `path`.
 ///
 /// # Errors
-/// [`Error::Io`] if the file cannot be written.
+/// As [`write_checkpoint`] (a refused store writes no file); [`Error::Io`] if the file cannot be written.
 pub fn save<T: Float>(store: &ParamStore<T>, path: impl AsRef<Path>) -> tapir::Result<()> {
     let path = path.as_ref();
     let bytes = to_bytes(store)?;

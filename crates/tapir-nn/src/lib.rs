@@ -68,6 +68,21 @@ pub(crate) fn invalid(op: &'static str, detail: String) -> tapir::Error {
     tapir::Error::InvalidArgument { op, detail, location: Location::caller() }
 }
 
+/// Renames the op of an error about the tensor being made (out of memory, an invalid
+/// shape) to the layer constructor the caller called, so that `Linear::new` with absurd
+/// sizes says `Linear::new:`, not the name of the tensor constructor it used inside.
+pub(crate) fn in_op(op: &'static str) -> impl FnOnce(tapir::Error) -> tapir::Error {
+    move |e| match e {
+        tapir::Error::TensorOutOfMemory { shape, requested, location, .. } => {
+            tapir::Error::TensorOutOfMemory { op, shape, requested, location }
+        }
+        tapir::Error::InvalidShape { shape, detail, location, .. } => {
+            tapir::Error::InvalidShape { op, shape, detail, location }
+        }
+        other => other,
+    }
+}
+
 /// The dimensions of `shape` as `usize`s, without allocating.
 pub(crate) fn dims(shape: tapir::Shape) -> ([usize; tapir::MAX_RANK], usize) {
     let mut d = [0; tapir::MAX_RANK];

@@ -181,9 +181,17 @@ impl<T: Float> Tensor<T> {
     /// Samples from `N(mean, std²)` with `rng` (seed it for reproducible runs).
     ///
     /// # Errors
-    /// As [`Tensor::full`].
+    /// As [`Tensor::full`]; [`Error::InvalidArgument`] unless `mean` and `std` are finite
+    /// and `std ≥ 0`.
     #[track_caller]
     pub fn normal<R: Rng + ?Sized>(dims: &[usize], mean: T, std: T, rng: &mut R) -> Result<Tensor<T>> {
+        if !(mean.is_finite() && std.is_finite() && std >= T::ZERO) {
+            return Err(Error::InvalidArgument {
+                op: "normal",
+                detail: format!("needs a finite mean and a finite std >= 0, got mean {mean}, std {std}"),
+                location: Location::caller(),
+            });
+        }
         let mut t = Self::full_named("normal", dims, T::ZERO)?;
         fill_normal(&mut t.data, rng);
         for v in &mut t.data {
@@ -195,14 +203,24 @@ impl<T: Float> Tensor<T> {
     /// Samples uniformly from `[lo, hi)` with `rng`.
     ///
     /// # Errors
-    /// As [`Tensor::full`].
+    /// As [`Tensor::full`]; [`Error::InvalidArgument`] unless `lo` and `hi` are finite and
+    /// `lo ≤ hi`.
     #[track_caller]
     pub fn uniform<R: Rng + ?Sized>(dims: &[usize], lo: T, hi: T, rng: &mut R) -> Result<Tensor<T>> {
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+            return Err(Error::InvalidArgument {
+                op: "uniform",
+                detail: format!("needs finite bounds with lo <= hi, got lo {lo}, hi {hi}"),
+                location: Location::caller(),
+            });
+        }
         let mut t = Self::full_named("uniform", dims, T::ZERO)?;
         let (l, h) = (lo.to_f64(), hi.to_f64());
         for v in &mut t.data {
             let u: f64 = rng.random();
-            *v = T::from_f64(l + (h - l) * u);
+            // A convex combination, so `hi − lo` cannot overflow for bounds near the
+            // largest finite value.
+            *v = T::from_f64(l * (1.0 - u) + h * u);
         }
         Ok(t)
     }
@@ -469,6 +487,9 @@ impl<T: Float> Tensor<T> {
         dims[ax] = 1;
         let shape = crate::error::shape_of("sum_axis", self.shape, &dims[..self.shape.rank()])?;
         let mut out = Self::zeros_at("sum_axis", shape, Location::caller())?;
+        if self.data.is_empty() {
+            return Ok(out); // the sum of nothing: zeros, already in place
+        }
         kernels::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data);
         Ok(out)
     }
@@ -487,6 +508,11 @@ impl<T: Float> Tensor<T> {
     fn softmax_impl(&self, axis: isize, log: bool, op: &'static str) -> Result<Tensor<T>> {
         let ax = self.axis(op, axis)?;
         let mut out = Self::zeros_at(op, self.shape, Location::caller())?;
+        // The kernel walks every (outer, inner) pair even when the axis is empty, which for
+        // `[0, 2³¹, 2³¹]` is 2⁶² pairs and nothing to compute.
+        if self.data.is_empty() {
+            return Ok(out);
+        }
         kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data, log);
         Ok(out)
     }

@@ -23,7 +23,9 @@ impl Embedding {
     /// A table of `count` vectors of size `dim`, drawn from `N(0, 1)` with `rng`.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] if the name is taken.
+    /// [`tapir::Error::InvalidArgument`] if the name is taken;
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
+    /// `Embedding::new`) if the table cannot exist or be allocated.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -32,7 +34,7 @@ impl Embedding {
         dim: usize,
         rng: &mut R,
     ) -> tapir::Result<Embedding> {
-        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng)?;
+        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng).map_err(crate::in_op("Embedding::new"))?;
         let weight = store.add(format!("{name}.weight"), w)?;
         Ok(Embedding { weight, count, dim })
     }

@@ -25,7 +25,9 @@ pub trait Optimizer<T: Float> {
     /// state do not hold the same parameters with the same shapes;
     /// [`tapir::Error::InvalidArgument`] for a learning rate that is not finite and
     /// non-negative; [`tapir::Error::NonFinite`] for a NaN or infinite gradient when the
-    /// check is on (`check_finite(true)`). Nothing is updated then.
+    /// check is on (`check_finite(true)`). Nothing is updated then. Errors name the
+    /// caller's line, calls through `dyn Optimizer` included.
+    #[track_caller]
     fn step(&mut self, store: &mut ParamStore<T>, grads: &GradBuffer<T>) -> tapir::Result<()>;
 
     /// The learning rate of the next step.

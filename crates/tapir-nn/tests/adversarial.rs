@@ -70,7 +70,7 @@ fn every_layer_reports_the_callers_line_through_a_sequential() {
         let (e, line) = g.scope(|s| {
             let cx = Ctx::eval(s, &store);
             let line = line!() + 1;
-            let y = model.forward(cx, s.input(&x4));
+            let _y = model.forward(cx, s.input(&x4));
             (s.check().expect_err(name), line)
         });
         let at = e.location().expect("located");
@@ -330,7 +330,7 @@ fn huge_gains_never_return_non_finite_weights() {
                 Err(e) => assert_at(&e, "Init::tensor", line),
             }
         }
-        if gain.is_finite() && gain >= 0.0 && gain <= 1e30 {
+        if (0.0..=1e30).contains(&gain) {
             for init in inits(gain) {
                 assert!(init.tensor::<f32, _>(&[8, 8], 8, 8, &mut rng()).is_ok(), "{init:?}");
             }
@@ -353,12 +353,13 @@ fn layer_constructors_report_out_of_memory_and_leave_the_store_alone() {
     let (big, wide) = (1usize << 30, 1usize << 29);
     let mut store = ParamStore::<f32>::new();
     let mut r = rng();
-    let mut results: Vec<(&str, Error, u32)> = Vec::new();
-    results.push(("Linear::new", Linear::new(&mut store, "l", big, wide, &mut r).unwrap_err(), line!()));
-    results.push(("Embedding::new", Embedding::new(&mut store, "e", big, wide, &mut r).unwrap_err(), line!()));
     let k = [1 << 15, 1];
-    results.push(("Conv2d::new", Conv2d::new(&mut store, "c", 1 << 15, 1 << 14, k, &mut r).unwrap_err(), line!()));
-    results.push(("LayerNorm::new", LayerNorm::new(&mut store, "n", 1 << 32).unwrap_err(), line!()));
+    let results: Vec<(&str, Error, u32)> = vec![
+        ("Linear::new", Linear::new(&mut store, "l", big, wide, &mut r).unwrap_err(), line!()),
+        ("Embedding::new", Embedding::new(&mut store, "e", big, wide, &mut r).unwrap_err(), line!()),
+        ("Conv2d::new", Conv2d::new(&mut store, "c", 1 << 15, 1 << 14, k, &mut r).unwrap_err(), line!()),
+        ("LayerNorm::new", LayerNorm::new(&mut store, "n", 1 << 32).unwrap_err(), line!()),
+    ];
     for (op, e, line) in &results {
         assert!(matches!(e, Error::TensorOutOfMemory { .. } | Error::InvalidShape { .. }), "{op}: {e}");
         assert_at(e, op, *line);

@@ -343,13 +343,14 @@ fn misuse_sweep_over_every_api_taking_an_id_or_buffer() {
     let (mut a, _, b, wb) = two_stores();
     let gb = b.zeros_like().unwrap();
     let mut ga = a.zeros_like().unwrap();
-    let mut results: Vec<(&str, Error, u32)> = Vec::new();
-    results.push(("ParamStore::get", a.get(wb).unwrap_err(), line!()));
-    results.push(("ParamStore::get_mut", a.get_mut(wb).unwrap_err(), line!()));
-    results.push(("GradBuffer::get", ga.get(wb).unwrap_err(), line!()));
-    results.push(("GradBuffer::get_mut", ga.get_mut(wb).unwrap_err(), line!()));
-    results.push(("check", gb.check_store("check", a.id()).unwrap_err(), line!()));
-    results.push(("check", a.check("check", wb).unwrap_err(), line!()));
+    let mut results: Vec<(&str, Error, u32)> = vec![
+        ("ParamStore::get", a.get(wb).unwrap_err(), line!()),
+        ("ParamStore::get_mut", a.get_mut(wb).unwrap_err(), line!()),
+        ("GradBuffer::get", ga.get(wb).unwrap_err(), line!()),
+        ("GradBuffer::get_mut", ga.get_mut(wb).unwrap_err(), line!()),
+        ("check", gb.check_store("check", a.id()).unwrap_err(), line!()),
+        ("check", a.check("check", wb).unwrap_err(), line!()),
+    ];
     let mut g = Graph::<f64>::new();
     let here = g.scope(|s| {
         let line = line!() + 1;

@@ -135,7 +135,7 @@ impl Mlp {
         }
         let x = Tensor::normal(&[MLP_BATCH, MLP_DIMS[0]], 0.0, 1.0, &mut r).expect("a valid shape");
         let labels = (0..MLP_BATCH).map(|i| i % MLP_DIMS[3]).collect();
-        let grads = store.zeros_like();
+        let grads = store.zeros_like().unwrap();
         Mlp { store, layers, grads, x, labels }
     }
 

@@ -119,7 +119,7 @@ pub fn from_bytes<T: Float, O: Stateful<T> + ?Sized>(
     let names: Vec<(tapir::ParamId, String)> = store.iter().map(|(id, n, _)| (id, format!("param.{n}"))).collect();
     for (id, key) in names {
         let src = tensors.remove(&key).expect("every parameter was found above");
-        *store.get_mut(id).expect("ids come from this store") = src;
+        *store.get_mut(id)? = src;
     }
     Ok(TrainState { step, sampler, rngs })
 }
@@ -201,7 +201,7 @@ mod tests {
     fn everything_round_trips_through_a_file() {
         let mut s = store();
         let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut opt = Adam::new(&s, 0.01);
+        let mut opt = Adam::new(&s, 0.01).unwrap();
         opt.set_step_count(7);
         let state = TrainState {
             step: 7,
@@ -214,13 +214,13 @@ mod tests {
         save(&mut dp, &path, &s, &opt, &state).unwrap();
         let mut s2 = store();
         s2.iter_mut().for_each(|(_, t)| t.data_mut().fill(0.0));
-        let mut opt2 = Adam::new(&s2, 0.5);
+        let mut opt2 = Adam::new(&s2, 0.5).unwrap();
         let got = load(&mut dp, &path, &mut s2, &mut opt2).unwrap();
         assert_eq!(got, state);
         assert_eq!(crate::params_hash(&s2), crate::params_hash(&s));
         assert_eq!((opt2.steps(), tapir_nn::optim::Optimizer::lr(&opt2)), (7, 0.01));
         // Another optimizer or a missing file: an error, nothing loaded.
-        let mut sgd = Sgd::new(&s2, 0.1);
+        let mut sgd = Sgd::new(&s2, 0.1).unwrap();
         let e = load(&mut dp, &path, &mut s2, &mut sgd).unwrap_err().to_string();
         assert!(e.contains("holds Adam state but the optimizer is Sgd"), "{e}");
         let e = load(&mut dp, dir.join("nope"), &mut s2, &mut opt2).unwrap_err().to_string();

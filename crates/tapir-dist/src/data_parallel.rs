@@ -22,7 +22,7 @@
 //! `GradBuffer` would therefore save no pass, which is why `tapir::GradBuffer` is left as
 //! it is.)
 
-use tapir::{Float, GradBuffer, ParamId, ParamStore, Shape};
+use tapir::{Float, GradBuffer, ParamStore, Shape};
 
 use crate::comm::Comm;
 use crate::error::{invalid, Error, Result};
@@ -59,7 +59,6 @@ pub struct Reduced {
 pub struct DataParallel<T: Float, C: Comm> {
     comm: C,
     reduction: Reduction,
-    ids: Vec<ParamId>,
     names: Vec<String>,
     shapes: Vec<Shape>,
     numel: usize,
@@ -112,14 +111,12 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
             let theirs = String::from_utf8(theirs).expect("the rank sent the UTF-8 it made");
             return Err(Error::ModelMismatch { rank, index, root, theirs });
         }
-        let ids: Vec<ParamId> = store.iter().map(|(id, _, _)| id).collect();
         let shapes: Vec<Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
         let names: Vec<String> = store.iter().map(|(_, n, _)| n.to_string()).collect();
         let numel = store.numel();
         let len = numel + 1 + comm.size();
         let mut dp = DataParallel {
             reduction: Reduction::default(),
-            ids,
             names,
             shapes,
             numel,
@@ -174,19 +171,23 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
     }
 
+    /// Checks `grads` against the model's layout (count and shapes, by position: the
+    /// layout every rank agreed on in [`DataParallel::new`]), so that the reductions can
+    /// walk its slots in order whichever store it was made for.
     #[track_caller]
     fn check_grads(&self, op: &'static str, grads: &GradBuffer<T>) -> Result<()> {
-        if grads.len() != self.ids.len() {
+        if grads.len() != self.shapes.len() {
             return Err(invalid(
                 op,
-                format!("the model has {} parameters but the gradient buffer {}", self.ids.len(), grads.len()),
+                format!("the model has {} parameters but the gradient buffer {}", self.shapes.len(), grads.len()),
             ));
         }
-        for ((&id, &shape), name) in self.ids.iter().zip(&self.shapes).zip(&self.names) {
-            let got = grads.get(id).map(|g| g.shape());
-            if got != Some(shape) {
-                let got = got.map_or("nothing".to_string(), |s| s.to_string());
-                return Err(invalid(op, format!("parameter {name:?} has shape {shape} but its gradient {got}")));
+        for (((_, g), &shape), name) in grads.iter().zip(&self.shapes).zip(&self.names) {
+            if g.shape() != shape {
+                return Err(invalid(
+                    op,
+                    format!("parameter {name:?} has shape {shape} but its gradient {}", g.shape()),
+                ));
             }
         }
         Ok(())
@@ -219,8 +220,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
         let w = T::from_usize(samples);
         let mut at = 0;
-        for &id in &self.ids {
-            let g = grads.get_mut(id).expect("check_grads saw every slot");
+        for (_, g) in grads.iter_mut() {
             let dst = &mut self.send[at..at + g.numel()];
             if self.has_pending {
                 dst.iter_mut().zip(g.data()).for_each(|(d, &g)| *d += w * g);
@@ -257,8 +257,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
             return Err(invalid(OP, "no rank had a sample in this step; pass each rank's sample count"));
         }
         let mut at = 0;
-        for &id in &self.ids {
-            let g = grads.get_mut(id).expect("check_grads saw every slot");
+        for (_, g) in grads.iter_mut() {
             let n = g.numel();
             g.data_mut().iter_mut().zip(&self.recv[at..at + n]).for_each(|(g, &s)| *g = s / total);
             at += n;
@@ -467,7 +466,7 @@ mod tests {
     fn local_accumulation_is_the_mean_over_every_sample() {
         let mut s = store(3);
         let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like();
+        let mut grads = s.zeros_like().unwrap();
         // Micro-batches of 1 and 3 samples: the mean of x over all 4 is (1 + 2 + 3 + 6)/4 = 3.
         grad_of(&s, &mut grads, &[1.0]);
         dp.accumulate(&mut grads, 1).unwrap();
@@ -485,7 +484,7 @@ mod tests {
     fn step_reports_errors_and_panics_as_rank_failures() {
         let mut s = store(2);
         let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like();
+        let mut grads = s.zeros_like().unwrap();
         let e = dp.step(&mut grads, |_| Err::<usize, _>("out of data")).unwrap_err();
         assert!(matches!(&e, Error::RankFailed { rank: 0, size: 1, .. }), "{e}");
         assert!(e.to_string().contains("rank 0 of 1 failed") && e.to_string().contains("out of data"), "{e}");
@@ -504,13 +503,13 @@ mod tests {
     fn zero_samples_everywhere_is_an_error() {
         let mut s = store(2);
         let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like();
+        let mut grads = s.zeros_like().unwrap();
         let e = dp.all_reduce(&mut grads).unwrap_err().to_string();
         assert!(e.contains("no rank had a sample"), "{e}");
-        let other = store(3).zeros_like();
+        let other = store(3).zeros_like().unwrap();
         let e = dp.accumulate(&mut other.clone(), 1).unwrap_err().to_string();
         assert!(e.contains("parameter \"w\" has shape [2] but its gradient [3]"), "{e}");
-        assert!(dp.accumulate(&mut s.zeros_like(), 1 << 60).is_err());
+        assert!(dp.accumulate(&mut s.zeros_like().unwrap(), 1 << 60).is_err());
     }
 
     #[test]
@@ -536,7 +535,7 @@ mod tests {
             let w = s.find("w").unwrap();
             s.get_mut(w).unwrap().data_mut().fill(comm.rank() as f64 * 10.0);
             let mut dp = DataParallel::new(comm, &mut s).unwrap();
-            let mut grads = s.zeros_like();
+            let mut grads = s.zeros_like().unwrap();
             // Ranks hold 2, 1 and 0 samples of {1, 2, 6}: the global mean of x is 3.
             let xs: &[f64] = [&[1.0, 2.0][..], &[6.0][..], &[][..]][dp.rank()];
             let r = dp
@@ -567,7 +566,7 @@ mod tests {
         let out = threads::run(3, |comm| {
             let mut s = store(2);
             let mut dp = DataParallel::new(comm, &mut s).unwrap();
-            let mut grads = s.zeros_like();
+            let mut grads = s.zeros_like().unwrap();
             let rank = dp.rank();
             let e = dp
                 .step(&mut grads, |g| {

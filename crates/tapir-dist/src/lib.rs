@@ -31,7 +31,7 @@
 //! let mut dp = DataParallel::new(Local, &mut store)?;
 //! let mut sampler = DistributedSampler::new(8, 4, dp.rank(), dp.size(), 0)?;
 //! let xs: Vec<f64> = (0..8).map(f64::from).collect();
-//! let (mut grads, mut opt, mut graph) = (store.zeros_like(), Sgd::new(&store, 0.1), Graph::new());
+//! let (mut grads, mut opt, mut graph) = (store.zeros_like()?, Sgd::new(&store, 0.1)?, Graph::new());
 //! while let Some(shard) = sampler.next_shard() {
 //!     let x = Tensor::from_vec(shard.iter().map(|&i| xs[i]).collect(), &[shard.len(), 1])?;
 //!     dp.step(&mut grads, |grads| {

@@ -180,8 +180,8 @@ fn main() -> Result<()> {
     let steps_per_epoch = train.len() / BATCH;
     let total = steps_per_epoch * args.epochs;
     let schedule = CosineWarmup { base: 3e-3, min: 1e-5, warmup: steps_per_epoch, total };
-    let mut opt = Adam::new(&store, schedule.lr(0));
-    let mut grads = store.zeros_like();
+    let mut opt = Adam::new(&store, schedule.lr(0))?;
+    let mut grads = store.zeros_like()?;
     let mut graph = Graph::<f32>::new();
     graph.set_threads(args.threads);
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed.wrapping_add(1));

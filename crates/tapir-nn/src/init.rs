@@ -54,7 +54,9 @@ impl Init {
     ///
     /// # Errors
     /// [`tapir::Error::InvalidShape`] if `dims` is not a valid shape;
-    /// [`tapir::Error::InvalidArgument`] if the fans are zero or the scale is not finite.
+    /// [`tapir::Error::InvalidArgument`] if the fans are zero, the scale (or the constant)
+    /// is not finite in `T`, or a drawn value is not finite in `T`;
+    /// [`tapir::Error::TensorOutOfMemory`] if the tensor cannot be allocated.
     #[track_caller]
     pub fn tensor<T: Float, R: Rng + ?Sized>(
         self,
@@ -65,7 +67,9 @@ impl Init {
     ) -> tapir::Result<Tensor<T>> {
         let (fi, fo) = (fan_in as f64, fan_out as f64);
         let (uniform, scale) = match self {
-            Init::Constant(v) => return finite("Init::Constant", v).and_then(|v| Tensor::full(dims, T::from_f64(v))),
+            Init::Constant(v) => {
+                return finite::<T>("Init::Constant", v).and_then(|v| Tensor::full(dims, T::from_f64(v)))
+            }
             Init::KaimingUniform { gain } => (true, gain * (3.0 / fi).sqrt()),
             Init::KaimingNormal { gain } => (false, gain / fi.sqrt()),
             Init::XavierUniform { gain } => (true, gain * (6.0 / (fi + fo)).sqrt()),
@@ -77,22 +81,32 @@ impl Init {
                 format!("fan_in {fan_in} and fan_out {fan_out} must be positive"),
             ));
         }
-        let scale = finite("Init::tensor", scale)?;
-        let s = T::from_f64(scale);
-        if uniform {
-            Tensor::uniform(dims, -s, s, rng)
-        } else {
-            Tensor::normal(dims, T::ZERO, s, rng)
+        let scale = finite::<T>("Init::tensor", scale)?;
+        if scale < 0.0 {
+            return Err(crate::invalid("Init::tensor", format!("gain must be non-negative, got scale {scale}")));
         }
+        let s = T::from_f64(scale);
+        let t = if uniform { Tensor::uniform(dims, -s, s, rng)? } else { Tensor::normal(dims, T::ZERO, s, rng)? };
+        // A finite scale can still draw values past the dtype's range (a normal sample a
+        // few σ out with σ near `f32::MAX`), so check what was drawn, in the target dtype.
+        if !t.data().iter().all(|v| v.is_finite()) {
+            return Err(crate::invalid(
+                "Init::tensor",
+                format!("scale {scale} draws values that are not finite in {}", T::NAME),
+            ));
+        }
+        Ok(t)
     }
 }
 
+/// `v`, if it is finite both as an `f64` and in the target element type `T` (`1e300` is a
+/// finite `f64` but an infinite `f32`).
 #[track_caller]
-fn finite(op: &'static str, v: f64) -> tapir::Result<f64> {
-    if v.is_finite() {
+fn finite<T: Float>(op: &'static str, v: f64) -> tapir::Result<f64> {
+    if v.is_finite() && T::from_f64(v).is_finite() {
         Ok(v)
     } else {
-        Err(crate::invalid(op, format!("scale {v} is not finite")))
+        Err(crate::invalid(op, format!("scale {v} is not finite in {}", T::NAME)))
     }
 }
 

@@ -59,10 +59,16 @@ fn raw<T: Float>(t: &Tensor<T>) -> Raw {
     Raw { dtype, shape: t.dims(), bytes }
 }
 
-/// Serialises named tensors to safetensors bytes.
+/// The key safetensors reserves in its header for the file's metadata: a tensor of that
+/// name would be written but make the file unreadable, so saving refuses it.
+pub const RESERVED_NAME: &str = "__metadata__";
+
+/// Serialises named tensors to safetensors bytes. Every file it writes can be read back
+/// by [`read_checkpoint`].
 ///
 /// # Errors
-/// [`Error::Io`] if two tensors share a name.
+/// [`Error::Io`] if two tensors share a name, or a tensor is named [`RESERVED_NAME`]
+/// (`"__metadata__"`, safetensors' header key; rename the parameter).
 pub fn write_checkpoint<T: Float>(tensors: &[(&str, &Tensor<T>)]) -> tapir::Result<Vec<u8>> {
     write_checkpoint_with_metadata(tensors, &[])
 }
@@ -76,6 +82,12 @@ pub fn write_checkpoint_with_metadata<T: Float>(
     tensors: &[(&str, &Tensor<T>)],
     metadata: &[(&str, &str)],
 ) -> tapir::Result<Vec<u8>> {
+    if tensors.iter().any(|(n, _)| *n == RESERVED_NAME) {
+        return Err(io(
+            "save",
+            format!("a tensor is named {RESERVED_NAME:?}, the key safetensors reserves for metadata; rename it"),
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     if let Some((dup, _)) = tensors.iter().find(|(n, _)| !seen.insert(*n)) {
         return Err(io("save", format!("two tensors are named {dup:?}; names must be unique")));
@@ -304,7 +316,7 @@ pub fn load_bytes<T: Float>(store: &mut ParamStore<T>, bytes: &[u8]) -> tapir::R
 /// Writes the store's parameters to a safetensors file at `path`.
 ///
 /// # Errors
-/// [`Error::Io`] if the file cannot be written.
+/// As [`write_checkpoint`] (a refused store writes no file); [`Error::Io`] if the file cannot be written.
 pub fn save<T: Float>(store: &ParamStore<T>, path: impl AsRef<Path>) -> tapir::Result<()> {
     let path = path.as_ref();
     let bytes = to_bytes(store)?;
@@ -370,8 +382,8 @@ mod tests {
     fn adam_state_round_trips_exactly() {
         use crate::optim::{Adam, Optimizer, Sgd};
         let mut s = store::<f64>();
-        let mut grads = s.zeros_like();
-        let mut adam = Adam::new(&s, 0.1);
+        let mut grads = s.zeros_like().unwrap();
+        let mut adam = Adam::new(&s, 0.1).unwrap();
         // Two steps on L = Σ p² (g = 2p) give non-trivial moments and a step count of 2.
         let mut g = tapir::Graph::new();
         for _ in 0..2 {
@@ -388,17 +400,17 @@ mod tests {
         }
         adam.set_lr(0.037);
         let bytes = optimizer_to_bytes(&s, &adam).unwrap();
-        let mut fresh = Adam::new(&s, 0.5);
+        let mut fresh = Adam::new(&s, 0.5).unwrap();
         load_optimizer_bytes(&s, &mut fresh, &bytes).unwrap();
         assert_eq!((fresh.steps(), fresh.lr()), (2, 0.037));
         assert_eq!(format!("{:?}", fresh.buffers()), format!("{:?}", adam.buffers()));
         // The wrong optimizer, or another model, loads nothing.
-        let mut sgd = Sgd::new(&s, 0.1);
+        let mut sgd = Sgd::new(&s, 0.1).unwrap();
         let e = load_optimizer_bytes(&s, &mut sgd, &bytes).unwrap_err().to_string();
         assert!(e.contains("holds Adam state but the optimizer is Sgd"), "{e}");
         let mut other = ParamStore::<f64>::new();
         other.add("layer.0.weight", Tensor::zeros(&[3, 2]).unwrap()).unwrap();
-        let mut a2 = Adam::new(&other, 0.1);
+        let mut a2 = Adam::new(&other, 0.1).unwrap();
         let e = load_optimizer_bytes(&other, &mut a2, &bytes).unwrap_err().to_string();
         assert!(e.contains("\"m.layer.0.weight\" has shape [2, 3] but parameter \"layer.0.weight\" [3, 2]"), "{e}");
         assert_eq!(a2.steps(), 0);

@@ -21,8 +21,8 @@
 //! let mut rng = rand::rngs::StdRng::seed_from_u64(0);
 //! let mut store = ParamStore::<f32>::new();
 //! let model = Mlp::builder(2).hidden(16).activation(Activation::Tanh).output(2).build(&mut store, "mlp", &mut rng)?;
-//! let mut grads = store.zeros_like();
-//! let mut opt = Adam::new(&store, 0.05);
+//! let mut grads = store.zeros_like()?;
+//! let mut opt = Adam::new(&store, 0.05)?;
 //! // XOR: four points, two classes.
 //! let x = Tensor::from_vec(vec![0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2])?;
 //! let labels = [0, 1, 1, 0];
@@ -65,6 +65,21 @@ use std::panic::Location;
 #[track_caller]
 pub(crate) fn invalid(op: &'static str, detail: String) -> tapir::Error {
     tapir::Error::InvalidArgument { op, detail, location: Location::caller() }
+}
+
+/// Renames the op of an error about the tensor being made (out of memory, an invalid
+/// shape) to the layer constructor the caller called, so that `Linear::new` with absurd
+/// sizes says `Linear::new:`, not the name of the tensor constructor it used inside.
+pub(crate) fn in_op(op: &'static str) -> impl FnOnce(tapir::Error) -> tapir::Error {
+    move |e| match e {
+        tapir::Error::TensorOutOfMemory { shape, requested, location, .. } => {
+            tapir::Error::TensorOutOfMemory { op, shape, requested, location }
+        }
+        tapir::Error::InvalidShape { shape, detail, location, .. } => {
+            tapir::Error::InvalidShape { op, shape, detail, location }
+        }
+        other => other,
+    }
 }
 
 /// The dimensions of `shape` as `usize`s, without allocating.

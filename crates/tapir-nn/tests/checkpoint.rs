@@ -71,14 +71,16 @@ fn names_shapes_and_values_survive_a_round_trip_through_a_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("mlp.safetensors");
     io::save(&store, &path).unwrap();
-    let (mut other, _) = model::<f64>(8);
+    // The same architecture built again: its own store, so its own ids (ids are tied to
+    // the store they were made in).
+    let (mut other, other_mlp) = model::<f64>(8);
     for (_, t) in other.iter_mut() {
         t.data_mut().fill(0.0);
     }
     io::load(&mut other, &path).unwrap();
     assert_eq!(snapshot(&store), snapshot(&other));
     let x = Tensor::<f64>::ones(&[2, 4]).unwrap();
-    assert_eq!(outputs(&store, &mlp, &x), outputs(&other, &mlp, &x));
+    assert_eq!(outputs(&store, &mlp, &x), outputs(&other, &other_mlp, &x));
     let names: Vec<String> =
         io::read_checkpoint::<f32>(&std::fs::read(&path).unwrap()).unwrap().into_iter().map(|(n, _)| n).collect();
     let mut sorted = names.clone();

@@ -25,7 +25,7 @@ fn check(store: &mut ParamStore<f64>, forward: Forward<'_>) {
             (out * s.tensor(&r, &dims)).sum().item().unwrap()
         })
     };
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     graph.scope(|s| {
         let out = forward(Ctx::eval(s, store));
         let dims = out.shape().to_vec();

@@ -36,7 +36,7 @@ fn train(
 ) -> (usize, f32) {
     let warmup = 3;
     let schedule = CosineWarmup { base: 1e-2, min: 1e-4, warmup: 2, total: steps };
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
     let (mut before, mut loss) = (0, f32::NAN);
@@ -70,7 +70,7 @@ fn warmed_up_training_steps_allocate_nothing() {
     let mut store = ParamStore::<f32>::new();
     let mlp = Mlp::builder(64).hidden(32).dropout(0.1, 7).output(10).build(&mut store, "mlp", &mut rng).unwrap();
     let x = Tensor::<f32>::normal(&[32, 64], 0.0, 1.0, &mut rng).unwrap();
-    let mut adam = Adam::new(&store, 1e-2);
+    let mut adam = Adam::new(&store, 1e-2).unwrap();
     let (n, loss) = train(&mlp, &mut store, &mut adam, &x, &labels, 12);
     assert_eq!(n, 0, "an MLP step with Adam allocated {n} times");
     assert!(loss.is_finite());
@@ -83,7 +83,7 @@ fn warmed_up_training_steps_allocate_nothing() {
         .push(Activation::Gelu)
         .push(Dropout::new(0.2, 3).unwrap())
         .push(Linear::new(&mut store, "fc2", 48, 10, &mut rng).unwrap());
-    let mut sgd = Sgd::new(&store, 0.1).momentum(0.9, true).weight_decay(1e-4);
+    let mut sgd = Sgd::new(&store, 0.1).unwrap().momentum(0.9, true).unwrap().weight_decay(1e-4).unwrap();
     let (n, _) = train(&model, &mut store, &mut sgd, &x, &labels, 12);
     assert_eq!(n, 0, "a LayerNorm step with SGD allocated {n} times");
 
@@ -99,7 +99,7 @@ fn warmed_up_training_steps_allocate_nothing() {
         .push(Flatten)
         .push(Linear::new(&mut store, "fc", 8, 10, &mut rng).unwrap());
     let images = Tensor::<f32>::normal(&[32, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
-    let mut adamw = AdamW::new(&store, 1e-2, 1e-2);
+    let mut adamw = AdamW::new(&store, 1e-2, 1e-2).unwrap();
     let (n, _) = train(&cnn, &mut store, &mut adamw, &images, &labels, 12);
     assert_eq!(n, 0, "a CNN step with AdamW allocated {n} times");
 }

@@ -36,6 +36,8 @@ pub(crate) fn variant(e: &Error) -> &'static str {
         Error::BackwardTwice { .. } => "BackwardTwice",
         Error::ArenaLimit { .. } => "ArenaLimit",
         Error::OutOfMemory { .. } => "OutOfMemory",
+        Error::TensorOutOfMemory { .. } => "TensorOutOfMemory",
+        Error::WrongStore { .. } => "WrongStore",
         Error::TapeFull { .. } => "TapeFull",
         Error::NonFinite { .. } => "NonFinite",
         Error::InvalidArgument { .. } => "InvalidArgument",

@@ -180,6 +180,34 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// The system allocator refused memory for an owned tensor, a parameter, a gradient
+    /// buffer or an optimizer's state (everything outside the arena is allocated fallibly).
+    #[error("{op}: out of memory allocating {requested} bytes for a tensor of shape {shape} (at {location})")]
+    TensorOutOfMemory {
+        /// The constructor or op that needed memory.
+        op: &'static str,
+        /// The shape of the tensor being allocated.
+        shape: Shape,
+        /// Bytes requested.
+        requested: usize,
+        /// Caller's location.
+        location: Loc,
+    },
+    /// A parameter id, gradient buffer or optimizer used with a [`ParamStore`](crate::ParamStore)
+    /// other than the one it was made for.
+    #[error("{op}: {what} belongs to parameter store #{expected}, but was used with store #{found} (at {location})")]
+    WrongStore {
+        /// The op.
+        op: &'static str,
+        /// What was used with the wrong store (`"parameter #3"`, `"the gradient buffer"`).
+        what: String,
+        /// The store it was made for.
+        expected: u64,
+        /// The store it was used with.
+        found: u64,
+        /// Caller's location.
+        location: Loc,
+    },
     /// More nodes than a `u32` can index.
     #[error("{op}: tape holds {len} nodes, the u32 limit; split the work into scopes (at {location})")]
     TapeFull {
@@ -255,6 +283,8 @@ impl Error {
             | Error::SeedLength { op, .. }
             | Error::ArenaLimit { op, .. }
             | Error::OutOfMemory { op, .. }
+            | Error::TensorOutOfMemory { op, .. }
+            | Error::WrongStore { op, .. }
             | Error::TapeFull { op, .. }
             | Error::NonFinite { op, .. }
             | Error::InvalidArgument { op, .. }
@@ -281,12 +311,28 @@ impl Error {
             | Error::SeedLength { location, .. }
             | Error::ArenaLimit { location, .. }
             | Error::OutOfMemory { location, .. }
+            | Error::TensorOutOfMemory { location, .. }
+            | Error::WrongStore { location, .. }
             | Error::TapeFull { location, .. }
             | Error::NonFinite { location, .. }
             | Error::InvalidArgument { location, .. }
             | Error::UnknownParam { location, .. } => Some(location),
         }
     }
+}
+
+/// A vector of `n` copies of `v`, allocated fallibly: [`Error::TensorOutOfMemory`] naming
+/// `op`, `shape` and `location` instead of aborting the process when the allocator refuses.
+pub(crate) fn try_vec<T: Clone>(op: &'static str, shape: Shape, n: usize, v: T, location: Loc) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| Error::TensorOutOfMemory {
+        op,
+        shape,
+        requested: n.saturating_mul(std::mem::size_of::<T>()),
+        location,
+    })?;
+    out.resize(n, v);
+    Ok(out)
 }
 
 /// Makes a [`Shape`] from dimensions, or the [`Error::InvalidShape`] that names `op`, the

@@ -42,6 +42,7 @@ mod shape;
 mod storage;
 mod tensor;
 pub mod testing;
+mod threads;
 
 pub use dtype::Float;
 pub use error::{Error, Loc, Result};
@@ -51,6 +52,7 @@ pub use params::{GradBuffer, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
 pub use tensor::Tensor;
+pub use threads::MAX_THREADS;
 
 /// The README's examples, compiled and run as doctests so that they cannot drift.
 #[cfg(doctest)]

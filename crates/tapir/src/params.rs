@@ -3,58 +3,105 @@
 //! allocate-once buffer that [`Scope::backward_into`](crate::Scope::backward_into) fills.
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::Float;
 
-/// A stable handle to a parameter of one [`ParamStore`].
+/// A stable handle to a parameter of one [`ParamStore`]: the store's identity and the
+/// parameter's position in it (16 bytes, `Copy`). Using it with another store is an
+/// [`Error::WrongStore`], never a silent read of that store's parameter at the same position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ParamId(u32);
+pub struct ParamId {
+    store: u64,
+    index: u32,
+}
 
 impl ParamId {
     /// Position in the store.
     pub fn index(self) -> usize {
-        self.0 as usize
+        self.index as usize
+    }
+
+    /// The identity of the store it belongs to (see [`ParamStore::id`]).
+    pub fn store(self) -> u64 {
+        self.store
     }
 }
 
-/// Named parameters, in insertion order.
-#[derive(Debug, Clone, Default)]
+/// The source of store identities: process-unique, never reused (a `u64` counter does not
+/// wrap in any realistic run: 2⁶⁴ stores at one per nanosecond take 584 years).
+static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
+
+fn next_store_id() -> u64 {
+    NEXT_STORE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Named parameters, in insertion order, with a process-unique identity.
+///
+/// Every [`ParamId`] and [`GradBuffer`] made from a store carries its identity, and every
+/// use checks it: an id or a buffer of another store is an [`Error::WrongStore`]. A clone
+/// keeps the identity (it is the same parameter set, so the original's ids and buffers
+/// work with it, as for a saved "best model" copy); [`ParamStore::new`] and `default`
+/// make a fresh one.
+#[derive(Debug, Clone)]
 pub struct ParamStore<T: Float = f32> {
+    id: u64,
     tensors: Vec<Tensor<T>>,
     names: Vec<String>,
 }
 
+impl<T: Float> Default for ParamStore<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<T: Float> ParamStore<T> {
-    /// An empty store.
+    /// An empty store with a fresh identity.
     pub fn new() -> ParamStore<T> {
-        ParamStore { tensors: Vec::new(), names: Vec::new() }
+        ParamStore { id: next_store_id(), tensors: Vec::new(), names: Vec::new() }
+    }
+
+    /// The store's identity: unique in the process, shared only with its clones.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Adds a parameter.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `name` is already taken.
+    /// [`Error::InvalidArgument`] if `name` is already taken;
+    /// [`Error::TensorOutOfMemory`] if the store's lists cannot grow.
     #[track_caller]
     pub fn add(&mut self, name: impl Into<String>, value: Tensor<T>) -> Result<ParamId> {
         let name = name.into();
+        let location = Location::caller();
         if self.names.contains(&name) {
             return Err(Error::InvalidArgument {
                 op: "ParamStore::add",
                 detail: format!("a parameter named {name:?} already exists"),
-                location: Location::caller(),
+                location,
             });
         }
-        let id = u32::try_from(self.tensors.len()).map_err(|_| Error::InvalidArgument {
+        let index = u32::try_from(self.tensors.len()).map_err(|_| Error::InvalidArgument {
             op: "ParamStore::add",
             detail: "more than u32::MAX parameters".into(),
-            location: Location::caller(),
+            location,
         })?;
+        let oom = |_| Error::TensorOutOfMemory {
+            op: "ParamStore::add",
+            shape: value.shape(),
+            requested: std::mem::size_of::<Tensor<T>>() + std::mem::size_of::<String>(),
+            location,
+        };
+        self.tensors.try_reserve(1).map_err(oom)?;
+        self.names.try_reserve(1).map_err(oom)?;
         self.tensors.push(value);
         self.names.push(name);
-        Ok(ParamId(id))
+        Ok(ParamId { store: self.id, index })
     }
 
     /// Number of parameters.
@@ -72,47 +119,121 @@ impl<T: Float> ParamStore<T> {
         self.tensors.iter().map(Tensor::numel).sum()
     }
 
-    /// The parameter `id`, if it belongs to this store.
-    pub fn get(&self, id: ParamId) -> Option<&Tensor<T>> {
-        self.tensors.get(id.index())
+    /// Checks that `id` belongs to this store and is in range, and returns its position.
+    ///
+    /// # Errors
+    /// [`Error::WrongStore`] for an id of another store; [`Error::UnknownParam`] for an id
+    /// past the end (a store cannot shrink, so only a clone's later additions can do that).
+    #[track_caller]
+    pub fn check(&self, op: &'static str, id: ParamId) -> Result<usize> {
+        let location = Location::caller();
+        if id.store != self.id {
+            return Err(Error::WrongStore {
+                op,
+                what: format!("parameter #{}", id.index),
+                expected: id.store,
+                found: self.id,
+                location,
+            });
+        }
+        if id.index() >= self.tensors.len() {
+            return Err(Error::UnknownParam {
+                op,
+                detail: format!("parameter #{} is not in this store of {} parameters", id.index, self.tensors.len()),
+                location,
+            });
+        }
+        Ok(id.index())
+    }
+
+    /// The parameter `id`.
+    ///
+    /// # Errors
+    /// As [`ParamStore::check`].
+    #[track_caller]
+    pub fn get(&self, id: ParamId) -> Result<&Tensor<T>> {
+        let i = self.check("ParamStore::get", id)?;
+        Ok(&self.tensors[i])
     }
 
     /// The parameter `id`, mutably (only between scopes: a scope borrows the store).
-    pub fn get_mut(&mut self, id: ParamId) -> Option<&mut Tensor<T>> {
-        self.tensors.get_mut(id.index())
+    ///
+    /// # Errors
+    /// As [`ParamStore::check`].
+    #[track_caller]
+    pub fn get_mut(&mut self, id: ParamId) -> Result<&mut Tensor<T>> {
+        let i = self.check("ParamStore::get_mut", id)?;
+        Ok(&mut self.tensors[i])
     }
 
-    /// The name of parameter `id`.
+    /// The name of parameter `id`, if it belongs to this store.
     pub fn name(&self, id: ParamId) -> Option<&str> {
+        if id.store != self.id {
+            return None;
+        }
         self.names.get(id.index()).map(String::as_str)
     }
 
     /// The id of the parameter called `name`.
     pub fn find(&self, name: &str) -> Option<ParamId> {
-        self.names.iter().position(|n| n == name).map(|i| ParamId(i as u32))
+        self.names.iter().position(|n| n == name).map(|i| self.id_at(i))
+    }
+
+    /// The tensor at position `i`, which [`ParamStore::check`] has validated.
+    pub(crate) fn at(&self, i: usize) -> &Tensor<T> {
+        &self.tensors[i]
+    }
+
+    fn id_at(&self, i: usize) -> ParamId {
+        // `add` refuses a position that does not fit in a u32.
+        ParamId { store: self.id, index: i as u32 }
     }
 
     /// Every `(id, name, tensor)`, in insertion order.
     pub fn iter(&self) -> impl Iterator<Item = (ParamId, &str, &Tensor<T>)> {
-        self.tensors.iter().zip(&self.names).enumerate().map(|(i, (t, n))| (ParamId(i as u32), n.as_str(), t))
+        let store = self.id;
+        self.tensors
+            .iter()
+            .zip(&self.names)
+            .enumerate()
+            .map(move |(i, (t, n))| (ParamId { store, index: i as u32 }, n.as_str(), t))
     }
 
     /// Every tensor, mutably, with its id (for optimizers).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, &mut Tensor<T>)> {
-        self.tensors.iter_mut().enumerate().map(|(i, t)| (ParamId(i as u32), t))
+        let store = self.id;
+        self.tensors.iter_mut().enumerate().map(move |(i, t)| (ParamId { store, index: i as u32 }, t))
     }
 
-    /// A zeroed gradient buffer with one slot per parameter, of the same shapes.
-    pub fn zeros_like(&self) -> GradBuffer<T> {
-        GradBuffer {
-            slots: self.tensors.iter().map(|t| Tensor::from_parts(vec![T::ZERO; t.numel()], t.shape())).collect(),
+    /// A zeroed gradient buffer with one slot per parameter, of the same shapes, tied to
+    /// this store.
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] naming the first parameter whose slot could not be
+    /// allocated (nothing is kept then).
+    #[track_caller]
+    pub fn zeros_like(&self) -> Result<GradBuffer<T>> {
+        let location = Location::caller();
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(self.tensors.len()).map_err(|_| Error::TensorOutOfMemory {
+            op: "ParamStore::zeros_like",
+            shape: Shape::scalar(),
+            requested: self.tensors.len().saturating_mul(std::mem::size_of::<Tensor<T>>()),
+            location,
+        })?;
+        for t in &self.tensors {
+            slots.push(Tensor::zeros_at("ParamStore::zeros_like", t.shape(), location)?);
         }
+        Ok(GradBuffer { store: self.id, slots })
     }
 }
 
-/// Gradients of a store's parameters, allocated once and reused every step.
+/// Gradients of a store's parameters, allocated once and reused every step. It carries
+/// its store's identity: [`Scope::backward_into`](crate::Scope::backward_into) and the
+/// optimizers refuse a buffer of another store with [`Error::WrongStore`].
 #[derive(Debug, Clone)]
 pub struct GradBuffer<T: Float = f32> {
+    store: u64,
     slots: Vec<Tensor<T>>,
 }
 
@@ -124,14 +245,71 @@ impl<T: Float> GradBuffer<T> {
         }
     }
 
+    /// The identity of the store this buffer was made for (see [`ParamStore::id`]).
+    pub fn store(&self) -> u64 {
+        self.store
+    }
+
+    /// Checks that this buffer was made for `store`.
+    ///
+    /// # Errors
+    /// [`Error::WrongStore`] otherwise.
+    #[track_caller]
+    pub fn check_store(&self, op: &'static str, store: u64) -> Result<()> {
+        if self.store == store {
+            Ok(())
+        } else {
+            Err(Error::WrongStore {
+                op,
+                what: "the gradient buffer".into(),
+                expected: self.store,
+                found: store,
+                location: Location::caller(),
+            })
+        }
+    }
+
+    #[track_caller]
+    fn slot_index(&self, op: &'static str, id: ParamId) -> Result<usize> {
+        let location = Location::caller();
+        if id.store != self.store {
+            return Err(Error::WrongStore {
+                op,
+                what: format!("parameter #{}", id.index),
+                expected: id.store,
+                found: self.store,
+                location,
+            });
+        }
+        if id.index() >= self.slots.len() {
+            return Err(Error::UnknownParam {
+                op,
+                detail: format!("parameter #{} has no slot in this buffer of {} slots", id.index, self.slots.len()),
+                location,
+            });
+        }
+        Ok(id.index())
+    }
+
     /// The gradient of parameter `id`.
-    pub fn get(&self, id: ParamId) -> Option<&Tensor<T>> {
-        self.slots.get(id.index())
+    ///
+    /// # Errors
+    /// [`Error::WrongStore`] for an id of another store; [`Error::UnknownParam`] for an id
+    /// past the end.
+    #[track_caller]
+    pub fn get(&self, id: ParamId) -> Result<&Tensor<T>> {
+        let i = self.slot_index("GradBuffer::get", id)?;
+        Ok(&self.slots[i])
     }
 
     /// The gradient of parameter `id`, mutably (for clipping or scaling).
-    pub fn get_mut(&mut self, id: ParamId) -> Option<&mut Tensor<T>> {
-        self.slots.get_mut(id.index())
+    ///
+    /// # Errors
+    /// As [`GradBuffer::get`].
+    #[track_caller]
+    pub fn get_mut(&mut self, id: ParamId) -> Result<&mut Tensor<T>> {
+        let i = self.slot_index("GradBuffer::get_mut", id)?;
+        Ok(&mut self.slots[i])
     }
 
     /// Number of slots.
@@ -146,7 +324,14 @@ impl<T: Float> GradBuffer<T> {
 
     /// Every gradient, in parameter order.
     pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Tensor<T>)> {
-        self.slots.iter().enumerate().map(|(i, t)| (ParamId(i as u32), t))
+        let store = self.store;
+        self.slots.iter().enumerate().map(move |(i, t)| (ParamId { store, index: i as u32 }, t))
+    }
+
+    /// Every gradient, mutably, in parameter order (for clipping or scaling).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, &mut Tensor<T>)> {
+        let store = self.store;
+        self.slots.iter_mut().enumerate().map(move |(i, t)| (ParamId { store, index: i as u32 }, t))
     }
 
     pub(crate) fn shape(&self, index: usize) -> Option<Shape> {

@@ -125,8 +125,10 @@ impl Shape {
         s
     }
 
-    /// This shape with dimension `axis` replaced by `len`. The element count cannot grow
-    /// past the original's unless `len` exceeds the old dimension, so the result is checked.
+    /// This shape with dimension `axis` replaced by `len`, checked like any new shape.
+    /// It can fail even for `len = 1`: when the old dimension is 0 the original has no
+    /// elements whatever the others are, and the result has their product (`[0, 2³¹, 2³¹]`
+    /// with axis 0 set to 1 has 2⁶² elements), so callers must not `expect` it.
     pub(crate) fn with_dim(&self, axis: usize, len: usize) -> Result<Shape, ShapeProblem> {
         let mut dims = self.to_array();
         dims[axis] = len;

@@ -6,7 +6,7 @@ use std::panic::Location;
 use rand::{Rng, RngExt};
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Loc, Result};
 use crate::kernels;
 use crate::kernels::matmul::MatMulDims;
 use crate::shape::Shape;
@@ -44,9 +44,31 @@ pub(crate) fn fill_normal<T: Float, R: Rng + ?Sized>(out: &mut [T], rng: &mut R)
 }
 
 impl<T: Float> Tensor<T> {
+    /// A tensor of `shape` filled with `v`, allocated fallibly: every owned tensor is made
+    /// through here, so the allocator refusing memory is an [`Error::TensorOutOfMemory`]
+    /// naming `op`, the shape and `location`, never an abort.
+    pub(crate) fn full_at(op: &'static str, shape: Shape, v: T, location: Loc) -> Result<Tensor<T>> {
+        Ok(Tensor { data: try_vec(op, shape, shape.numel(), v, location)?, shape })
+    }
+
+    /// A tensor owning `data` (whose length is `shape`'s element count).
     pub(crate) fn from_parts(data: Vec<T>, shape: Shape) -> Tensor<T> {
         debug_assert_eq!(data.len(), shape.numel());
         Tensor { data, shape }
+    }
+
+    /// A tensor of `shape` copied from `data`, allocated fallibly (for copying values and
+    /// gradients out of a scope); see [`Tensor::full_at`].
+    #[allow(dead_code)] // For the graph's `to_tensor` and `grad_tensor`, which still copy infallibly.
+    pub(crate) fn copy_at(op: &'static str, shape: Shape, data: &[T], location: Loc) -> Result<Tensor<T>> {
+        let mut t = Self::zeros_at(op, shape, location)?;
+        t.data.copy_from_slice(data);
+        Ok(t)
+    }
+
+    /// Zeros of `shape`; see [`Tensor::full_at`].
+    pub(crate) fn zeros_at(op: &'static str, shape: Shape, location: Loc) -> Result<Tensor<T>> {
+        Self::full_at(op, shape, T::ZERO, location)
     }
 
     /// A tensor with shape `dims` that owns `data` (row-major).
@@ -74,17 +96,24 @@ impl<T: Float> Tensor<T> {
         if data.len() != shape.numel() {
             return Err(Error::DataLength { op: "from_slice", len: data.len(), shape, location: Location::caller() });
         }
-        Ok(Tensor { data: data.to_vec(), shape })
+        let mut t = Self::zeros_at("from_slice", shape, Location::caller())?;
+        t.data.copy_from_slice(data);
+        Ok(t)
     }
 
     /// A tensor filled with `v`.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] for a rank above 6 or an overflowing element count.
+    /// [`Error::InvalidShape`] for a rank above 6 or an overflowing element count;
+    /// [`Error::TensorOutOfMemory`] if the allocator refuses the memory.
     #[track_caller]
     pub fn full(dims: &[usize], v: T) -> Result<Tensor<T>> {
-        let shape = shape_for("full", dims)?;
-        Ok(Tensor { data: vec![v; shape.numel()], shape })
+        Self::full_named("full", dims, v)
+    }
+
+    #[track_caller]
+    fn full_named(op: &'static str, dims: &[usize], v: T) -> Result<Tensor<T>> {
+        Self::full_at(op, shape_for(op, dims)?, v, Location::caller())
     }
 
     /// Zeros. See [`Tensor::full`].
@@ -93,7 +122,7 @@ impl<T: Float> Tensor<T> {
     /// As [`Tensor::full`].
     #[track_caller]
     pub fn zeros(dims: &[usize]) -> Result<Tensor<T>> {
-        Self::full(dims, T::ZERO)
+        Self::full_named("zeros", dims, T::ZERO)
     }
 
     /// Ones. See [`Tensor::full`].
@@ -102,7 +131,7 @@ impl<T: Float> Tensor<T> {
     /// As [`Tensor::full`].
     #[track_caller]
     pub fn ones(dims: &[usize]) -> Result<Tensor<T>> {
-        Self::full(dims, T::ONE)
+        Self::full_named("ones", dims, T::ONE)
     }
 
     /// A scalar (shape `[]`).
@@ -113,7 +142,8 @@ impl<T: Float> Tensor<T> {
     /// `[start, start + step, ...]` below `end` (1-D).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `step` is zero or not finite, or the bounds are not finite.
+    /// [`Error::InvalidArgument`] if `step` is zero or not finite, or the bounds are not finite;
+    /// [`Error::InvalidShape`] if the element count overflows; [`Error::TensorOutOfMemory`].
     #[track_caller]
     pub fn arange(start: T, end: T, step: T) -> Result<Tensor<T>> {
         let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
@@ -124,18 +154,24 @@ impl<T: Float> Tensor<T> {
                 location: Location::caller(),
             });
         }
+        // The float-to-int cast saturates, so a huge count becomes usize::MAX and fails the
+        // shape check below rather than wrapping.
         let n = ((e - s) / st).ceil().max(0.0) as usize;
         let shape = shape_for("arange", &[n])?;
-        Ok(Tensor { data: (0..n).map(|i| T::from_f64(s + st * i as f64)).collect(), shape })
+        let mut t = Self::zeros_at("arange", shape, Location::caller())?;
+        for (i, v) in t.data.iter_mut().enumerate() {
+            *v = T::from_f64(s + st * i as f64);
+        }
+        Ok(t)
     }
 
     /// The `n×n` identity matrix.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] if `n²` overflows.
+    /// [`Error::InvalidShape`] if `n²` overflows; [`Error::TensorOutOfMemory`].
     #[track_caller]
     pub fn eye(n: usize) -> Result<Tensor<T>> {
-        let mut t = Self::zeros(&[n, n])?;
+        let mut t = Self::full_named("eye", &[n, n], T::ZERO)?;
         for i in 0..n {
             t.data[i * n + i] = T::ONE;
         }
@@ -145,10 +181,18 @@ impl<T: Float> Tensor<T> {
     /// Samples from `N(mean, std²)` with `rng` (seed it for reproducible runs).
     ///
     /// # Errors
-    /// As [`Tensor::full`].
+    /// As [`Tensor::full`]; [`Error::InvalidArgument`] unless `mean` and `std` are finite
+    /// and `std ≥ 0`.
     #[track_caller]
     pub fn normal<R: Rng + ?Sized>(dims: &[usize], mean: T, std: T, rng: &mut R) -> Result<Tensor<T>> {
-        let mut t = Self::zeros(dims)?;
+        if !(mean.is_finite() && std.is_finite() && std >= T::ZERO) {
+            return Err(Error::InvalidArgument {
+                op: "normal",
+                detail: format!("needs a finite mean and a finite std >= 0, got mean {mean}, std {std}"),
+                location: Location::caller(),
+            });
+        }
+        let mut t = Self::full_named("normal", dims, T::ZERO)?;
         fill_normal(&mut t.data, rng);
         for v in &mut t.data {
             *v = mean + std * *v;
@@ -159,14 +203,24 @@ impl<T: Float> Tensor<T> {
     /// Samples uniformly from `[lo, hi)` with `rng`.
     ///
     /// # Errors
-    /// As [`Tensor::full`].
+    /// As [`Tensor::full`]; [`Error::InvalidArgument`] unless `lo` and `hi` are finite and
+    /// `lo ≤ hi`.
     #[track_caller]
     pub fn uniform<R: Rng + ?Sized>(dims: &[usize], lo: T, hi: T, rng: &mut R) -> Result<Tensor<T>> {
-        let mut t = Self::zeros(dims)?;
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+            return Err(Error::InvalidArgument {
+                op: "uniform",
+                detail: format!("needs finite bounds with lo <= hi, got lo {lo}, hi {hi}"),
+                location: Location::caller(),
+            });
+        }
+        let mut t = Self::full_named("uniform", dims, T::ZERO)?;
         let (l, h) = (lo.to_f64(), hi.to_f64());
         for v in &mut t.data {
             let u: f64 = rng.random();
-            *v = T::from_f64(l + (h - l) * u);
+            // A convex combination, so `hi − lo` cannot overflow for bounds near the
+            // largest finite value.
+            *v = T::from_f64(l * (1.0 - u) + h * u);
         }
         Ok(t)
     }
@@ -239,11 +293,23 @@ impl<T: Float> Tensor<T> {
     }
 
     /// A tensor copied from a faer matrix (any strides).
-    pub fn from_mat(m: faer::MatRef<'_, T>) -> Tensor<T> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] if a dimension exceeds `u32::MAX` (a faer view of `2³² × 0`
+    /// exists without memory); [`Error::TensorOutOfMemory`].
+    #[track_caller]
+    pub fn from_mat(m: faer::MatRef<'_, T>) -> Result<Tensor<T>> {
         let (r, c) = (m.nrows(), m.ncols());
-        let data = (0..r).flat_map(|i| (0..c).map(move |j| m[(i, j)])).collect();
-        let shape = Shape::new(&[r, c]).expect("an existing faer matrix has a valid element count");
-        Tensor { data, shape }
+        let shape = shape_for("from_mat", &[r, c])?;
+        let mut t = Self::zeros_at("from_mat", shape, Location::caller())?;
+        if c > 0 {
+            for (i, row) in t.data.chunks_exact_mut(c).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = m[(i, j)];
+                }
+            }
+        }
+        Ok(t)
     }
 
     /// A faer matrix copied from a 2-D tensor, or `None` for another rank.
@@ -259,9 +325,9 @@ impl<T: Float> Tensor<T> {
             rhs: other.shape,
             location: Location::caller(),
         })?;
-        let mut out = vec![T::ZERO; so.numel()];
-        kernels::binary((&self.data, &self.shape), (&other.data, &other.shape), (&mut out, &so), f);
-        Ok(Tensor { data: out, shape: so })
+        let mut out = Self::zeros_at(op, so, Location::caller())?;
+        kernels::binary((&self.data, &self.shape), (&other.data, &other.shape), (&mut out.data, &so), f);
+        Ok(out)
     }
 
     /// Elementwise sum with broadcasting.
@@ -301,55 +367,100 @@ impl<T: Float> Tensor<T> {
     }
 
     /// `f` applied to every element.
-    pub fn map(&self, f: impl Fn(T) -> T) -> Tensor<T> {
-        let mut out = vec![T::ZERO; self.data.len()];
-        kernels::map(&self.data, &mut out, f);
-        Tensor { data: out, shape: self.shape }
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn map(&self, f: impl Fn(T) -> T) -> Result<Tensor<T>> {
+        self.map_named("map", f)
+    }
+
+    #[track_caller]
+    fn map_named(&self, op: &'static str, f: impl Fn(T) -> T) -> Result<Tensor<T>> {
+        let mut out = Self::zeros_at(op, self.shape, Location::caller())?;
+        kernels::map(&self.data, &mut out.data, f);
+        Ok(out)
     }
 
     /// `max(x, 0)` elementwise.
-    pub fn relu(&self) -> Tensor<T> {
-        self.map(crate::kernels::scalar::relu)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn relu(&self) -> Result<Tensor<T>> {
+        self.map_named("relu", crate::kernels::scalar::relu)
     }
 
     /// `eˣ` elementwise.
-    pub fn exp(&self) -> Tensor<T> {
-        self.map(T::exp)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn exp(&self) -> Result<Tensor<T>> {
+        self.map_named("exp", T::exp)
     }
 
     /// Natural logarithm elementwise.
-    pub fn log(&self) -> Tensor<T> {
-        self.map(T::ln)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn log(&self) -> Result<Tensor<T>> {
+        self.map_named("log", T::ln)
     }
 
     /// Square root elementwise.
-    pub fn sqrt(&self) -> Tensor<T> {
-        self.map(T::sqrt)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn sqrt(&self) -> Result<Tensor<T>> {
+        self.map_named("sqrt", T::sqrt)
     }
 
     /// `tanh x` elementwise.
-    pub fn tanh(&self) -> Tensor<T> {
-        self.map(T::tanh)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn tanh(&self) -> Result<Tensor<T>> {
+        self.map_named("tanh", T::tanh)
     }
 
     /// Logistic sigmoid elementwise, the same stable formula as [`Var::sigmoid`](crate::Var::sigmoid).
-    pub fn sigmoid(&self) -> Tensor<T> {
-        self.map(crate::kernels::scalar::sigmoid)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn sigmoid(&self) -> Result<Tensor<T>> {
+        self.map_named("sigmoid", crate::kernels::scalar::sigmoid)
     }
 
     /// `ln(1 + eˣ)` elementwise, as [`Var::softplus`](crate::Var::softplus).
-    pub fn softplus(&self) -> Tensor<T> {
-        self.map(crate::kernels::scalar::softplus)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn softplus(&self) -> Result<Tensor<T>> {
+        self.map_named("softplus", crate::kernels::scalar::softplus)
     }
 
     /// GELU with the exact normal CDF, as [`Var::gelu`](crate::Var::gelu).
-    pub fn gelu(&self) -> Tensor<T> {
-        self.map(crate::kernels::scalar::gelu_erf)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn gelu(&self) -> Result<Tensor<T>> {
+        self.map_named("gelu", crate::kernels::scalar::gelu_erf)
     }
 
     /// GELU with the tanh approximation, as [`Var::gelu_tanh`](crate::Var::gelu_tanh).
-    pub fn gelu_tanh(&self) -> Tensor<T> {
-        self.map(crate::kernels::scalar::gelu_tanh)
+    ///
+    /// # Errors
+    /// [`Error::TensorOutOfMemory`] if the result cannot be allocated.
+    #[track_caller]
+    pub fn gelu_tanh(&self) -> Result<Tensor<T>> {
+        self.map_named("gelu_tanh", crate::kernels::scalar::gelu_tanh)
     }
 
     /// Log-softmax along `axis`, as [`Var::log_softmax`](crate::Var::log_softmax).
@@ -364,14 +475,23 @@ impl<T: Float> Tensor<T> {
     /// Sum over `axis`, keeping it as size 1, as [`Var::sum_axes`](crate::Var::sum_axes).
     ///
     /// # Errors
-    /// [`Error::BadAxis`] if `axis` is out of range.
+    /// [`Error::BadAxis`] if `axis` is out of range; [`Error::InvalidShape`] if the result
+    /// has too many elements (the axis has size 0 and the other dimensions' product
+    /// overflows, as for `[0, 2³¹, 2³¹]`); [`Error::TensorOutOfMemory`].
     #[track_caller]
     pub fn sum_axis(&self, axis: isize) -> Result<Tensor<T>> {
         let ax = self.axis("sum_axis", axis)?;
-        let shape = self.shape.with_dim(ax, 1).expect("a smaller dimension cannot overflow");
-        let mut out = vec![T::ZERO; shape.numel()];
-        kernels::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out);
-        Ok(Tensor { data: out, shape })
+        // Setting a size-0 axis to 1 can grow the element count from 0 past the limit, so
+        // the new shape is checked like any caller-given one.
+        let mut dims = self.shape.to_array();
+        dims[ax] = 1;
+        let shape = crate::error::shape_of("sum_axis", self.shape, &dims[..self.shape.rank()])?;
+        let mut out = Self::zeros_at("sum_axis", shape, Location::caller())?;
+        if self.data.is_empty() {
+            return Ok(out); // the sum of nothing: zeros, already in place
+        }
+        kernels::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data);
+        Ok(out)
     }
 
     #[track_caller]
@@ -387,9 +507,14 @@ impl<T: Float> Tensor<T> {
     #[track_caller]
     fn softmax_impl(&self, axis: isize, log: bool, op: &'static str) -> Result<Tensor<T>> {
         let ax = self.axis(op, axis)?;
-        let mut out = vec![T::ZERO; self.data.len()];
-        kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out, log);
-        Ok(Tensor { data: out, shape: self.shape })
+        let mut out = Self::zeros_at(op, self.shape, Location::caller())?;
+        // The kernel walks every (outer, inner) pair even when the axis is empty, which for
+        // `[0, 2³¹, 2³¹]` is 2⁶² pairs and nothing to compute.
+        if self.data.is_empty() {
+            return Ok(out);
+        }
+        kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data, log);
+        Ok(out)
     }
 
     /// Sum of all elements.
@@ -421,26 +546,29 @@ impl<T: Float> Tensor<T> {
             });
         }
         let c = self.shape.dim(1);
-        Ok(self
-            .data
-            .chunks(c)
-            .map(|row| row.iter().enumerate().fold(0, |best, (j, &v)| if v > row[best] { j } else { best }))
-            .collect())
+        let mut out = try_vec("argmax_rows", self.shape, self.shape.dim(0), 0, Location::caller())?;
+        for (slot, row) in out.iter_mut().zip(self.data.chunks(c)) {
+            *slot = row.iter().enumerate().fold(0, |best, (j, &v)| if v > row[best] { j } else { best });
+        }
+        Ok(out)
     }
 
     /// Matrix product (batched, broadcast batch dimensions), through faer on `threads`
-    /// threads (1: sequential; 0: all).
+    /// threads (1: sequential; 0: all of rayon's global pool; counts above
+    /// [`MAX_THREADS`](crate::MAX_THREADS) are clamped to it, as in
+    /// [`Graph::set_threads`](crate::Graph::set_threads)).
     ///
     /// # Errors
-    /// [`Error::MatMulShape`] as for [`Var::matmul`](crate::Var::matmul).
+    /// [`Error::MatMulShape`] as for [`Var::matmul`](crate::Var::matmul);
+    /// [`Error::TensorOutOfMemory`].
     #[track_caller]
     pub fn matmul(&self, other: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
         let (dims, so) = MatMulDims::new(&self.shape, &other.shape)
             .map_err(|p| MatMulDims::error("matmul", self.shape, other.shape, p, Location::caller()))?;
-        let par = if threads == 1 { faer::Par::Seq } else { faer::Par::rayon(threads) };
-        let mut out = vec![T::ZERO; so.numel()];
-        kernels::matmul::forward(&dims, &self.data, &other.data, &mut out, par);
-        Ok(Tensor { data: out, shape: so })
+        let (par, _) = crate::threads::par(threads);
+        let mut out = Self::zeros_at("matmul", so, Location::caller())?;
+        kernels::matmul::forward(&dims, &self.data, &other.data, &mut out.data, par);
+        Ok(out)
     }
 
     /// Copies another tensor's elements into this one.
@@ -485,12 +613,12 @@ mod tests {
         g.scope(|s| {
             let v = s.input(&x);
             let pairs = [
-                (v.sigmoid(), x.sigmoid()),
-                (v.softplus(), x.softplus()),
-                (v.gelu(), x.gelu()),
-                (v.gelu_tanh(), x.gelu_tanh()),
-                (v.exp(), x.exp()),
-                (v.relu(), x.relu()),
+                (v.sigmoid(), x.sigmoid().unwrap()),
+                (v.softplus(), x.softplus().unwrap()),
+                (v.gelu(), x.gelu().unwrap()),
+                (v.gelu_tanh(), x.gelu_tanh().unwrap()),
+                (v.exp(), x.exp().unwrap()),
+                (v.relu(), x.relu().unwrap()),
                 (v.log_softmax(1), x.log_softmax(1).unwrap()),
                 (v.softmax(0), x.softmax(0).unwrap()),
                 (v.sum_axes(&[-1], true), x.sum_axis(-1).unwrap()),
@@ -508,7 +636,7 @@ mod tests {
         let a = Tensor::<f64>::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
         let m = a.to_mat().unwrap();
         assert_eq!(m[(1, 2)], 6.0);
-        assert_eq!(Tensor::from_mat(m.as_ref()), a);
+        assert_eq!(Tensor::from_mat(m.as_ref()).unwrap(), a);
         // [[1,2,3],[4,5,6]] · [[1],[1],[1]] = [[6],[15]]
         let ones = Tensor::<f64>::ones(&[3, 1]).unwrap();
         assert_eq!(a.matmul(&ones, 1).unwrap().data(), &[6.0, 15.0]);

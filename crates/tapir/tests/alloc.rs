@@ -20,7 +20,7 @@ fn warmed_up_training_step_allocates_nothing() {
     let w2 = store.add("w2", Tensor::normal(&[32, 4], 0.0, 0.2, &mut rng).unwrap()).unwrap();
     let x = Tensor::normal(&[8, 16], 0.0, 1.0, &mut rng).unwrap();
     let labels = [0usize, 1, 2, 3, 0, 1, 2, 3];
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
 

@@ -204,14 +204,15 @@ fn unknown_param() {
     let w = store.add("w", t(&[2])).expect("a new name");
     let mut other = ParamStore::<f64>::new();
     other.add("v", t(&[3])).expect("a new name");
-    let mut grads = other.zeros_like();
+    let mut grads = other.zeros_like().unwrap();
     let mut g = Graph::<f64>::new();
     let e = g.scope(|s| {
         let loss = s.param(&store, w).square().sum();
         s.backward_into(loss, &mut grads).unwrap_err()
     });
-    assert!(matches!(e, Error::UnknownParam { .. }), "{e:?}");
-    assert_names(&e, "backward_into", &["[2]", "[3]"], true);
+    // The buffer was made for `other`, the parameter is `store`'s.
+    assert!(matches!(e, Error::WrongStore { .. }), "{e:?}");
+    assert_names(&e, "backward_into", &["gradient buffer", "store #"], true);
 }
 
 #[test]

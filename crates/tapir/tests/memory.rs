@@ -20,7 +20,7 @@ fn ten_thousand_steps_keep_memory_flat() {
     let v = store.add("v", Tensor::normal(&[8, 3], 0.0, 0.3, &mut rng).unwrap()).unwrap();
     let x = Tensor::normal(&[6, 10], 0.0, 1.0, &mut rng).unwrap();
     let labels = [0usize, 1, 2, 0, 1, 2];
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
 

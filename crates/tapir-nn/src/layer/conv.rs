@@ -29,7 +29,9 @@ impl Conv2d {
     /// no padding, Kaiming-uniform weights (ReLU gain, `fan_in = in·kh·kw`) and zero bias.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] for a zero size or a taken name.
+    /// [`tapir::Error::InvalidArgument`] for a zero size or a taken name;
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
+    /// `Conv2d::new`) if the weights cannot exist or be allocated.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -43,13 +45,16 @@ impl Conv2d {
         // Saturating: absurd sizes fail as shapes in `tensor` rather than overflow here.
         let area = kh.saturating_mul(kw);
         let (fan_in, fan_out) = (in_channels.saturating_mul(area), out_channels.saturating_mul(area));
-        let w = Init::RELU.tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng)?;
+        let w = Init::RELU
+            .tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng)
+            .map_err(crate::in_op("Conv2d::new"))?;
         let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
         if store.find(&bn).is_some() {
             return Err(crate::invalid("Conv2d::new", format!("a parameter named {bn:?} already exists")));
         }
         let weight = store.add(wn, w)?;
-        let bias = Some(store.add(bn, Tensor::zeros(&[out_channels])?)?);
+        let b = Tensor::zeros(&[out_channels]).map_err(crate::in_op("Conv2d::new"))?;
+        let bias = Some(store.add(bn, b)?);
         Ok(Conv2d { weight, bias, stride: [1, 1], padding: [0, 0] })
     }
 
@@ -131,7 +136,9 @@ impl<T: Float> Module<T> for AvgPool2d {
     }
 }
 
-/// Flattens every axis after the first: `[N, ...] → [N, Π ...]` (no copy).
+/// Flattens every axis after the first: `[N, ...] → [N, Π ...]` (no copy). The product
+/// is taken over the trailing axes themselves, so an empty batch keeps its row size
+/// (`[0, 3, 4] → [0, 12]`); a scalar becomes `[1, 1]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Flatten;
 
@@ -139,7 +146,11 @@ impl<T: Float> Module<T> for Flatten {
     fn forward<'s, 'g>(&self, _cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
         let shape = x.shape();
         let n = if shape.rank() == 0 { 1 } else { shape.dim(0) };
-        x.reshape(&[n, shape.numel() / n.max(1)])
+        // Each trailing dimension fits in a u32 and the product of all of them is at most
+        // the product over the whole shape when n > 0; with n = 0 it can exceed it, so it
+        // saturates and `reshape` reports the overflow as a shape error.
+        let rest = (1..shape.rank()).fold(1usize, |acc, i| acc.saturating_mul(shape.dim(i)));
+        x.reshape(&[n, rest])
     }
 }
 
@@ -209,7 +220,7 @@ mod tests {
             .push(Flatten)
             .push(crate::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
         let x = Tensor::<f32>::normal(&[5, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();
         g.scope(|s| {
             let y = model.forward(Ctx::train(s, &store), s.input(&x));

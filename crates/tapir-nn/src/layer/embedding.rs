@@ -23,7 +23,9 @@ impl Embedding {
     /// A table of `count` vectors of size `dim`, drawn from `N(0, 1)` with `rng`.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] if the name is taken.
+    /// [`tapir::Error::InvalidArgument`] if the name is taken;
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
+    /// `Embedding::new`) if the table cannot exist or be allocated.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -32,7 +34,7 @@ impl Embedding {
         dim: usize,
         rng: &mut R,
     ) -> tapir::Result<Embedding> {
-        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng)?;
+        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng).map_err(crate::in_op("Embedding::new"))?;
         let weight = store.add(format!("{name}.weight"), w)?;
         Ok(Embedding { weight, count, dim })
     }
@@ -59,7 +61,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let mut store = ParamStore::<f64>::new();
         let emb = Embedding::new(&mut store, "emb", 5, 3, &mut rng).unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let table = store.get(emb.weight).unwrap().clone();
         let mut g = Graph::new();
         g.scope(|s| {

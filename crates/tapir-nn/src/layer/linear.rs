@@ -25,7 +25,10 @@ impl Linear {
     /// A layer with Kaiming-uniform weights (ReLU gain) and zero bias, drawn from `rng`.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] if a size is zero or a name is taken.
+    /// [`tapir::Error::InvalidArgument`] if a size is zero or a name is taken;
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
+    /// `Linear::new`) if the weights cannot exist or be allocated. The store is unchanged
+    /// on error.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -51,7 +54,7 @@ impl Linear {
         bias: bool,
         rng: &mut R,
     ) -> tapir::Result<Linear> {
-        let w = init.tensor(&[fan_in, fan_out], fan_in, fan_out, rng)?;
+        let w = init.tensor(&[fan_in, fan_out], fan_in, fan_out, rng).map_err(crate::in_op("Linear::new"))?;
         // Check the bias name before adding anything, so a failure leaves the store as it was.
         let bias_name = format!("{name}.bias");
         let weight_name = format!("{name}.weight");
@@ -61,7 +64,12 @@ impl Linear {
             }
         }
         let weight = store.add(weight_name, w)?;
-        let bias = if bias { Some(store.add(bias_name, tapir::Tensor::zeros(&[fan_out])?)?) } else { None };
+        let bias = if bias {
+            let b = tapir::Tensor::zeros(&[fan_out]).map_err(crate::in_op("Linear::new"))?;
+            Some(store.add(bias_name, b)?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias, fan_in, fan_out })
     }
 }

@@ -73,8 +73,15 @@ impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
 ///
 /// Like the engine's ops, `forward` never fails directly: a shape mistake is recorded in
 /// the scope and comes out of `backward`, `value` or `item`.
+///
+/// `forward` is `#[track_caller]` (every implementation inherits it, calls through
+/// `Box<dyn Module>` included), so an error recorded inside a layer names the line that
+/// called `forward`, not the layer's source. Implementations must not call the engine's
+/// ops from inside a closure (`iter().fold(..)`, `map`): `#[track_caller]` does not pass
+/// through closures, so such ops would report the closure's line; use a `for` loop.
 pub trait Module<T: Float> {
     /// Applies the layer to `x`.
+    #[track_caller]
     fn forward<'s, 'g>(&self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T>;
 }
 
@@ -129,6 +136,11 @@ impl<T: Float> Sequential<T> {
 
 impl<T: Float> Module<T> for Sequential<T> {
     fn forward<'s, 'g>(&self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
-        self.layers.iter().fold(x, |x, layer| layer.forward(cx, x))
+        // A loop, not a fold: the caller's location does not pass through a closure.
+        let mut x = x;
+        for layer in &self.layers {
+            x = layer.forward(cx, x);
+        }
+        x
     }
 }

@@ -34,8 +34,10 @@ impl LayerNorm {
         if store.find(&bn).is_some() {
             return Err(crate::invalid("LayerNorm::new", format!("a parameter named {bn:?} already exists")));
         }
-        let weight = store.add(wn, Tensor::ones(&[dim])?)?;
-        let bias = store.add(bn, Tensor::zeros(&[dim])?)?;
+        let w = Tensor::ones(&[dim]).map_err(crate::in_op("LayerNorm::new"))?;
+        let b = Tensor::zeros(&[dim]).map_err(crate::in_op("LayerNorm::new"))?;
+        let weight = store.add(wn, w)?;
+        let bias = store.add(bn, b)?;
         Ok(LayerNorm { weight, bias, eps: 1e-5 })
     }
 }

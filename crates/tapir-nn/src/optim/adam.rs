@@ -11,7 +11,7 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer, Stateful};
+use crate::optim::{check_finite_grads, check_hyper, check_lr, check_shapes, zeros_like, Optimizer, Stateful};
 
 /// Adam, with optional L2 weight decay; defaults `β = (0.9, 0.999)`, `ε = 1e-8`, `λ = 0`.
 #[derive(Debug, Clone)]
@@ -21,44 +21,85 @@ pub struct Adam<T: Float> {
     eps: f64,
     weight_decay: f64,
     decoupled: bool,
+    check_finite: bool,
     t: u64,
+    store: u64,
     m: Vec<Vec<T>>,
     v: Vec<Vec<T>>,
 }
 
 impl<T: Float> Adam<T> {
     /// Adam with learning rate `lr` for the parameters of `store`.
-    pub fn new(store: &ParamStore<T>, lr: f64) -> Adam<T> {
-        Adam {
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `lr` is finite (in `T` too) and
+    /// non-negative; [`tapir::Error::TensorOutOfMemory`] if the moments cannot be allocated.
+    #[track_caller]
+    pub fn new(store: &ParamStore<T>, lr: f64) -> tapir::Result<Adam<T>> {
+        Self::make("Adam::new", store, lr, 0.0, false)
+    }
+
+    #[track_caller]
+    fn make(
+        op: &'static str,
+        store: &ParamStore<T>,
+        lr: f64,
+        weight_decay: f64,
+        decoupled: bool,
+    ) -> tapir::Result<Self> {
+        check_lr::<T>(op, lr)?;
+        let weight_decay = check_hyper::<T>(op, "weight decay", weight_decay, 0.0..)?;
+        Ok(Adam {
             lr,
             betas: (0.9, 0.999),
             eps: 1e-8,
-            weight_decay: 0.0,
-            decoupled: false,
+            weight_decay,
+            decoupled,
+            check_finite: false,
             t: 0,
-            m: zeros_like(store),
-            v: zeros_like(store),
-        }
+            store: store.id(),
+            m: zeros_like(op, store)?,
+            v: zeros_like(op, store)?,
+        })
     }
 
     /// Sets `β₁` and `β₂`.
-    #[must_use]
-    pub fn betas(mut self, beta1: f64, beta2: f64) -> Self {
-        self.betas = (beta1, beta2);
-        self
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless both are in `[0, 1)`.
+    #[track_caller]
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> tapir::Result<Self> {
+        let b1 = check_hyper::<T>("Adam::betas", "beta1", beta1, 0.0..1.0)?;
+        let b2 = check_hyper::<T>("Adam::betas", "beta2", beta2, 0.0..1.0)?;
+        self.betas = (b1, b2);
+        Ok(self)
     }
 
     /// Sets `ε`.
-    #[must_use]
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `ε` is finite and non-negative.
+    #[track_caller]
+    pub fn eps(mut self, eps: f64) -> tapir::Result<Self> {
+        self.eps = check_hyper::<T>("Adam::eps", "eps", eps, 0.0..)?;
+        Ok(self)
     }
 
     /// Sets the L2 weight decay `λ`, added to the gradient.
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `λ` is finite and non-negative.
+    #[track_caller]
+    pub fn weight_decay(mut self, weight_decay: f64) -> tapir::Result<Self> {
+        self.weight_decay = check_hyper::<T>("Adam::weight_decay", "weight decay", weight_decay, 0.0..)?;
+        Ok(self)
+    }
+
+    /// Opt-in: when on, [`Optimizer::step`] fails with [`tapir::Error::NonFinite`] on a
+    /// NaN or infinite gradient instead of writing it into the parameters and moments.
     #[must_use]
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
+    pub fn check_finite(mut self, on: bool) -> Self {
+        self.check_finite = on;
         self
     }
 
@@ -69,12 +110,12 @@ impl<T: Float> Adam<T> {
 
     #[track_caller]
     fn update(&mut self, op: &'static str, store: &mut ParamStore<T>, grads: &GradBuffer<T>) -> tapir::Result<()> {
-        check_lr(op, self.lr)?;
-        check_shapes(op, store, grads, Some(&self.m))?;
-        let (b1, b2) = self.betas;
-        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) || self.eps.is_nan() || self.eps < 0.0 {
-            return Err(crate::invalid(op, format!("betas ({b1}, {b2}) must be in [0, 1) and eps {} ≥ 0", self.eps)));
+        check_lr::<T>(op, self.lr)?;
+        check_shapes(op, store, grads, Some((self.store, &self.m)))?;
+        if self.check_finite {
+            check_finite_grads(op, store, grads)?;
         }
+        let (b1, b2) = self.betas;
         self.t += 1;
         let t = self.t.min(i32::MAX as u64) as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
@@ -86,9 +127,8 @@ impl<T: Float> Adam<T> {
         let (one_b1, one_b2) = (T::ONE - b1, T::ONE - b2);
         let wd = T::from_f64(self.weight_decay);
         let shrink = T::ONE - T::from_f64(self.lr * self.weight_decay);
-        for (((id, p), m), v) in store.iter_mut().zip(&mut self.m).zip(&mut self.v) {
-            let g = grads.get(id).expect("check_shapes saw every parameter's gradient").data();
-            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        for ((((_, p), m), v), (_, g)) in store.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grads.iter()) {
+            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g.data()).zip(m.iter_mut()).zip(v.iter_mut()) {
                 let g = if self.decoupled {
                     *p *= shrink;
                     g
@@ -125,20 +165,42 @@ pub struct AdamW<T: Float>(Adam<T>);
 
 impl<T: Float> AdamW<T> {
     /// AdamW with learning rate `lr` and weight decay `weight_decay`.
-    pub fn new(store: &ParamStore<T>, lr: f64, weight_decay: f64) -> AdamW<T> {
-        AdamW(Adam { weight_decay, decoupled: true, ..Adam::new(store, lr) })
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless both are finite (in `T` too) and
+    /// non-negative; [`tapir::Error::TensorOutOfMemory`] if the moments cannot be allocated.
+    #[track_caller]
+    pub fn new(store: &ParamStore<T>, lr: f64, weight_decay: f64) -> tapir::Result<AdamW<T>> {
+        Ok(AdamW(Adam::make("AdamW::new", store, lr, weight_decay, true)?))
     }
 
     /// Sets `β₁` and `β₂`.
-    #[must_use]
-    pub fn betas(self, beta1: f64, beta2: f64) -> Self {
-        AdamW(self.0.betas(beta1, beta2))
+    ///
+    /// # Errors
+    /// As [`Adam::betas`].
+    #[track_caller]
+    pub fn betas(self, beta1: f64, beta2: f64) -> tapir::Result<Self> {
+        Ok(AdamW(self.0.betas(beta1, beta2)?))
     }
 
     /// Sets `ε`.
+    ///
+    /// # Errors
+    /// As [`Adam::eps`].
+    #[track_caller]
+    pub fn eps(self, eps: f64) -> tapir::Result<Self> {
+        Ok(AdamW(self.0.eps(eps)?))
+    }
+
+    /// Opt-in check of the gradients' finiteness; see [`Adam::check_finite`].
     #[must_use]
-    pub fn eps(self, eps: f64) -> Self {
-        AdamW(self.0.eps(eps))
+    pub fn check_finite(self, on: bool) -> Self {
+        AdamW(self.0.check_finite(on))
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.0.t
     }
 }
 
@@ -214,7 +276,7 @@ mod tests {
     fn minimise(opt: &mut dyn Optimizer<f64>, store: &mut ParamStore<f64>, steps: usize) -> Vec<f64> {
         let c = Tensor::from_vec(vec![1.0, -2.0, 3.0], &[3]).unwrap();
         let id = store.find("p").unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();
         for _ in 0..steps {
             grads.zero();
@@ -237,7 +299,7 @@ mod tests {
     fn first_adam_step_is_lr_times_sign() {
         // After one step m̂ = g and v̂ = g², so the update is η·g/(|g| + ε) ≈ η·sign(g).
         let mut s = store();
-        let p = minimise(&mut Adam::new(&s.clone(), 0.1), &mut s, 1);
+        let p = minimise(&mut Adam::new(&s.clone(), 0.1).unwrap(), &mut s, 1);
         for (got, want) in p.iter().zip([0.1, -0.1, 0.1]) {
             assert!((got - want).abs() < 1e-6, "{p:?}");
         }
@@ -246,21 +308,19 @@ mod tests {
     #[test]
     fn adam_and_adamw_converge() {
         let mut s = store();
-        let p = minimise(&mut Adam::new(&s.clone(), 0.1), &mut s, 500);
+        let p = minimise(&mut Adam::new(&s.clone(), 0.1).unwrap(), &mut s, 500);
         assert!(p.iter().zip([1.0, -2.0, 3.0]).all(|(a, b)| (a - b).abs() < 1e-3), "{p:?}");
         // Decoupled decay pulls the minimum towards 0 a little: p* solves 2(p − c)·(η/…) ...
         // so check only that it ends close to, and inside, the undecayed minimum.
         let mut s = store();
-        let p = minimise(&mut AdamW::new(&s.clone(), 0.1, 0.01), &mut s, 500);
+        let p = minimise(&mut AdamW::new(&s.clone(), 0.1, 0.01).unwrap(), &mut s, 500);
         assert!(p.iter().zip([1.0, -2.0, 3.0]).all(|(a, b)| (a - b).abs() < 0.1 && a.abs() < b.abs()), "{p:?}");
     }
 
     #[test]
     fn bad_betas_are_errors() {
-        let mut s = store();
-        let grads = s.zeros_like();
-        let mut opt = Adam::new(&s, 0.1).betas(1.0, 0.999);
-        assert!(opt.step(&mut s, &grads).is_err());
-        assert_eq!(opt.steps(), 0);
+        let s = store();
+        let e = Adam::new(&s, 0.1).unwrap().betas(1.0, 0.999).unwrap_err();
+        assert!(matches!(e, tapir::Error::InvalidArgument { op: "Adam::betas", .. }), "{e}");
     }
 }

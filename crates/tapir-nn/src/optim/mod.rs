@@ -22,56 +22,99 @@ pub trait Optimizer<T: Float> {
     /// between steps with [`GradBuffer::zero`]).
     ///
     /// # Errors
-    /// [`tapir::Error::UnknownParam`] if `store`, `grads` and the optimizer's state do not
-    /// hold the same parameters with the same shapes; nothing is updated then.
+    /// [`tapir::Error::WrongStore`] if `store` or `grads` is not the store the optimizer
+    /// was made for; [`tapir::Error::UnknownParam`] if `store`, `grads` and the optimizer's
+    /// state do not hold the same parameters with the same shapes;
+    /// [`tapir::Error::InvalidArgument`] for a learning rate that is not finite and
+    /// non-negative; [`tapir::Error::NonFinite`] for a NaN or infinite gradient when the
+    /// check is on (`check_finite(true)`). Nothing is updated then. Errors name the
+    /// caller's line, calls through `dyn Optimizer` included.
+    #[track_caller]
     fn step(&mut self, store: &mut ParamStore<T>, grads: &GradBuffer<T>) -> tapir::Result<()>;
 
     /// The learning rate of the next step.
     fn lr(&self) -> f64;
 
-    /// Sets the learning rate (for schedules).
+    /// Sets the learning rate (for schedules); [`Optimizer::step`] refuses one that is not
+    /// finite and non-negative.
     fn set_lr(&mut self, lr: f64);
+}
+
+/// The Euclidean norm of `values`, scaled as BLAS `nrm2` does so that neither squares of
+/// huge values overflow nor squares of tiny ones underflow; NaN if any value is NaN,
+/// infinity if any is infinite.
+pub(crate) fn norm2<T: Float>(grads: &GradBuffer<T>) -> f64 {
+    let values = || grads.iter().flat_map(|(_, g)| g.data());
+    let mut max = 0.0f64;
+    for v in values() {
+        let a = v.to_f64().abs();
+        if a.is_nan() {
+            return f64::NAN;
+        }
+        max = max.max(a);
+    }
+    if max == 0.0 || max.is_infinite() {
+        return max;
+    }
+    // Every ratio is at most 1, so the sum is at most the element count.
+    let sum: f64 = values().map(|v| (v.to_f64() / max).powi(2)).sum();
+    max * sum.sqrt()
 }
 
 /// Scales every gradient by `min(1, max_norm/‖g‖)`, where `‖g‖` is the Euclidean norm of
 /// all gradients together (PyTorch's `clip_grad_norm_`), and returns `‖g‖` before
-/// clipping. A non-finite norm is returned as is and leaves the gradients unchanged.
+/// clipping. The norm is computed with scaling (as BLAS `nrm2`), so gradients near the
+/// dtype's largest values give a finite norm and are clipped. A non-finite norm (a NaN or
+/// infinite gradient) is returned as is and leaves the gradients unchanged.
 ///
 /// # Errors
 /// [`tapir::Error::InvalidArgument`] if `max_norm` is not positive and finite;
-/// [`tapir::Error::UnknownParam`] if `grads` does not match `store`.
+/// [`tapir::Error::WrongStore`] if `grads` was made for another store;
+/// [`tapir::Error::UnknownParam`] if its shapes do not match `store`.
 #[track_caller]
 pub fn clip_grad_norm<T: Float>(store: &ParamStore<T>, grads: &mut GradBuffer<T>, max_norm: f64) -> tapir::Result<f64> {
     if !(max_norm > 0.0 && max_norm.is_finite()) {
         return Err(crate::invalid("clip_grad_norm", format!("max_norm {max_norm} must be positive and finite")));
     }
     check_shapes("clip_grad_norm", store, grads, None)?;
-    let norm = grads.iter().flat_map(|(_, g)| g.data()).map(|&v| v.to_f64() * v.to_f64()).sum::<f64>().sqrt();
+    let norm = norm2(grads);
     if norm.is_finite() && norm > max_norm {
+        // In f64 first: max_norm/norm is in (0, 1), so it cannot overflow `T`.
         let scale = T::from_f64(max_norm / (norm + 1e-6));
-        for (id, _, _) in store.iter() {
-            if let Some(g) = grads.get_mut(id) {
-                g.data_mut().iter_mut().for_each(|v| *v *= scale);
-            }
+        for (_, g) in grads.iter_mut() {
+            g.data_mut().iter_mut().for_each(|v| *v *= scale);
         }
     }
     Ok(norm)
 }
 
-/// Checks that the store, the gradients and (if given) each state buffer agree.
+/// Checks that the store, the gradients and (if given) each state buffer agree: the same
+/// store identity, the same parameters and the same shapes.
 #[track_caller]
 pub(crate) fn check_shapes<T: Float>(
     op: &'static str,
     store: &ParamStore<T>,
     grads: &GradBuffer<T>,
-    state: Option<&[Vec<T>]>,
+    state: Option<(u64, &[Vec<T>])>,
 ) -> tapir::Result<()> {
     let location = std::panic::Location::caller();
+    if let Some((id, _)) = state {
+        if id != store.id() {
+            return Err(tapir::Error::WrongStore {
+                op,
+                what: "the optimizer".into(),
+                expected: id,
+                found: store.id(),
+                location,
+            });
+        }
+    }
+    grads.check_store(op, store.id())?;
     let fail = |detail: String| tapir::Error::UnknownParam { op, detail, location };
     if grads.len() != store.len() {
         return Err(fail(format!("the store holds {} parameters but the gradients {}", store.len(), grads.len())));
     }
-    if let Some(state) = state {
+    if let Some((_, state)) = state {
         if state.len() != store.len() {
             return Err(fail(format!(
                 "the optimizer was made for {} parameters but the store holds {}",
@@ -80,13 +123,11 @@ pub(crate) fn check_shapes<T: Float>(
             )));
         }
     }
-    for (i, (id, name, p)) in store.iter().enumerate() {
-        let g = grads.get(id).map(|g| g.shape());
-        if g != Some(p.shape()) {
-            let g = g.map_or("nothing".to_string(), |s| s.to_string());
-            return Err(fail(format!("parameter {name:?} has shape {} but its gradient {g}", p.shape())));
+    for ((i, (_, name, p)), (_, g)) in store.iter().enumerate().zip(grads.iter()) {
+        if g.shape() != p.shape() {
+            return Err(fail(format!("parameter {name:?} has shape {} but its gradient {}", p.shape(), g.shape())));
         }
-        if let Some(state) = state {
+        if let Some((_, state)) = state {
             if state[i].len() != p.numel() {
                 return Err(fail(format!(
                     "parameter {name:?} has shape {} ({} elements) but the optimizer's state {} elements",
@@ -100,18 +141,67 @@ pub(crate) fn check_shapes<T: Float>(
     Ok(())
 }
 
-/// One zeroed buffer per parameter.
-pub(crate) fn zeros_like<T: Float>(store: &ParamStore<T>) -> Vec<Vec<T>> {
-    store.iter().map(|(_, _, t)| vec![T::ZERO; t.numel()]).collect()
+/// With the opt-in check on, fails with [`tapir::Error::NonFinite`] naming the first
+/// parameter whose gradient holds a NaN or an infinity, before anything is updated.
+#[track_caller]
+pub(crate) fn check_finite_grads<T: Float>(
+    op: &'static str,
+    store: &ParamStore<T>,
+    grads: &GradBuffer<T>,
+) -> tapir::Result<()> {
+    for ((_, _, p), (_, g)) in store.iter().zip(grads.iter()) {
+        if !g.data().iter().all(|v| v.is_finite()) {
+            return Err(tapir::Error::NonFinite {
+                op,
+                phase: "gradient",
+                shape: p.shape(),
+                location: std::panic::Location::caller(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One zeroed buffer per parameter, allocated fallibly.
+#[track_caller]
+pub(crate) fn zeros_like<T: Float>(op: &'static str, store: &ParamStore<T>) -> tapir::Result<Vec<Vec<T>>> {
+    let location = std::panic::Location::caller();
+    let oom = |shape: tapir::Shape, n: usize| tapir::Error::TensorOutOfMemory {
+        op,
+        shape,
+        requested: n.saturating_mul(std::mem::size_of::<T>()),
+        location,
+    };
+    let mut out = Vec::new();
+    out.try_reserve_exact(store.len()).map_err(|_| oom(tapir::Shape::scalar(), 0))?;
+    for (_, _, t) in store.iter() {
+        let mut v = Vec::new();
+        v.try_reserve_exact(t.numel()).map_err(|_| oom(t.shape(), t.numel()))?;
+        v.resize(t.numel(), T::ZERO);
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// Checks a hyper-parameter: finite both in `f64` and in the element type `T` (a value
+/// that overflows `f32` would poison every parameter), and within `range`.
+#[track_caller]
+pub(crate) fn check_hyper<T: Float>(
+    op: &'static str,
+    name: &str,
+    v: f64,
+    range: impl std::ops::RangeBounds<f64> + std::fmt::Debug,
+) -> tapir::Result<f64> {
+    if v.is_finite() && T::from_f64(v).is_finite() && range.contains(&v) {
+        Ok(v)
+    } else {
+        Err(crate::invalid(op, format!("{name} {v} must be finite in {} and in {range:?}", T::NAME)))
+    }
 }
 
 #[track_caller]
-pub(crate) fn check_lr(op: &'static str, lr: f64) -> tapir::Result<()> {
-    if lr >= 0.0 && lr.is_finite() {
-        Ok(())
-    } else {
-        Err(crate::invalid(op, format!("learning rate {lr} must be finite and non-negative")))
-    }
+pub(crate) fn check_lr<T: Float>(op: &'static str, lr: f64) -> tapir::Result<()> {
+    check_hyper::<T>(op, "learning rate", lr, 0.0..).map(|_| ())
 }
 
 #[cfg(test)]
@@ -124,7 +214,7 @@ mod tests {
         let mut store = ParamStore::<f64>::new();
         let a = store.add("a", Tensor::from_vec(vec![3.0], &[1]).unwrap()).unwrap();
         let b = store.add("b", Tensor::from_vec(vec![4.0], &[1]).unwrap()).unwrap();
-        let mut grads = store.zeros_like();
+        let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();
         g.scope(|s| {
             // L = a² + b², so the gradients are 2a = 6 and 2b = 8: norm 10.
@@ -140,6 +230,6 @@ mod tests {
         assert_eq!(grads.get(a).unwrap().data()[0], ga);
         assert!(clip_grad_norm(&store, &mut grads, 0.0).is_err());
         let other = ParamStore::<f64>::new();
-        assert!(matches!(clip_grad_norm(&other, &mut grads, 1.0), Err(tapir::Error::UnknownParam { .. })));
+        assert!(matches!(clip_grad_norm(&other, &mut grads, 1.0), Err(tapir::Error::WrongStore { .. })));
     }
 }

@@ -10,7 +10,7 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_lr, check_shapes, zeros_like, Optimizer, Stateful};
+use crate::optim::{check_finite_grads, check_hyper, check_lr, check_shapes, zeros_like, Optimizer, Stateful};
 
 /// SGD; see the module docs for the update.
 #[derive(Debug, Clone)]
@@ -19,27 +19,62 @@ pub struct Sgd<T: Float> {
     momentum: f64,
     nesterov: bool,
     weight_decay: f64,
+    check_finite: bool,
+    store: u64,
     velocity: Vec<Vec<T>>,
 }
 
 impl<T: Float> Sgd<T> {
     /// Plain SGD with learning rate `lr` for the parameters of `store`.
-    pub fn new(store: &ParamStore<T>, lr: f64) -> Sgd<T> {
-        Sgd { lr, momentum: 0.0, nesterov: false, weight_decay: 0.0, velocity: zeros_like(store) }
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `lr` is finite (in `T` too) and
+    /// non-negative; [`tapir::Error::TensorOutOfMemory`] if the state cannot be allocated.
+    #[track_caller]
+    pub fn new(store: &ParamStore<T>, lr: f64) -> tapir::Result<Sgd<T>> {
+        check_lr::<T>("Sgd::new", lr)?;
+        Ok(Sgd {
+            lr,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            check_finite: false,
+            store: store.id(),
+            velocity: zeros_like("Sgd::new", store)?,
+        })
     }
 
     /// Sets the momentum `μ` (e.g. 0.9) and whether it is Nesterov's.
-    #[must_use]
-    pub fn momentum(mut self, momentum: f64, nesterov: bool) -> Self {
-        self.momentum = momentum;
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `μ` is finite and non-negative, and
+    /// positive for Nesterov (as in PyTorch).
+    #[track_caller]
+    pub fn momentum(mut self, momentum: f64, nesterov: bool) -> tapir::Result<Self> {
+        self.momentum = check_hyper::<T>("Sgd::momentum", "momentum", momentum, 0.0..)?;
+        if nesterov && momentum == 0.0 {
+            return Err(crate::invalid("Sgd::momentum", "Nesterov momentum needs a positive momentum".into()));
+        }
         self.nesterov = nesterov;
-        self
+        Ok(self)
     }
 
     /// Sets the L2 weight decay `λ`, added to the gradient.
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] unless `λ` is finite and non-negative.
+    #[track_caller]
+    pub fn weight_decay(mut self, weight_decay: f64) -> tapir::Result<Self> {
+        self.weight_decay = check_hyper::<T>("Sgd::weight_decay", "weight decay", weight_decay, 0.0..)?;
+        Ok(self)
+    }
+
+    /// Opt-in: when on, [`Optimizer::step`] fails with [`tapir::Error::NonFinite`] on a
+    /// NaN or infinite gradient instead of writing it into the parameters (it costs one
+    /// pass over the gradients).
     #[must_use]
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
+    pub fn check_finite(mut self, on: bool) -> Self {
+        self.check_finite = on;
         self
     }
 }
@@ -47,12 +82,14 @@ impl<T: Float> Sgd<T> {
 impl<T: Float> Optimizer<T> for Sgd<T> {
     #[track_caller]
     fn step(&mut self, store: &mut ParamStore<T>, grads: &GradBuffer<T>) -> tapir::Result<()> {
-        check_lr("Sgd::step", self.lr)?;
-        check_shapes("Sgd::step", store, grads, Some(&self.velocity))?;
+        check_lr::<T>("Sgd::step", self.lr)?;
+        check_shapes("Sgd::step", store, grads, Some((self.store, &self.velocity)))?;
+        if self.check_finite {
+            check_finite_grads("Sgd::step", store, grads)?;
+        }
         let (lr, mu, wd) = (T::from_f64(self.lr), T::from_f64(self.momentum), T::from_f64(self.weight_decay));
-        for ((id, p), buf) in store.iter_mut().zip(&mut self.velocity) {
-            let g = grads.get(id).expect("check_shapes saw every parameter's gradient").data();
-            for ((p, &g), b) in p.data_mut().iter_mut().zip(g).zip(buf.iter_mut()) {
+        for (((_, p), buf), (_, g)) in store.iter_mut().zip(&mut self.velocity).zip(grads.iter()) {
+            for ((p, &g), b) in p.data_mut().iter_mut().zip(g.data()).zip(buf.iter_mut()) {
                 let mut g = g + wd * *p;
                 if self.momentum != 0.0 {
                     *b = mu * *b + g;
@@ -101,22 +138,21 @@ mod tests {
     fn one_param(v: f64) -> (ParamStore<f64>, GradBuffer<f64>, tapir::ParamId) {
         let mut store = ParamStore::new();
         let id = store.add("p", Tensor::from_vec(vec![v], &[1]).unwrap()).unwrap();
-        let grads = store.zeros_like();
+        let grads = store.zeros_like().unwrap();
         (store, grads, id)
     }
 
-    /// Runs `steps` updates of `f(p) = p²/2` (gradient `p`), computing the gradient by hand.
-    fn run(opt: &mut dyn Optimizer<f64>, steps: usize) -> Vec<f64> {
-        let (mut store, _, id) = one_param(1.0);
+    /// Runs `steps` updates of `f(p) = p²/2` (gradient `p`) on a copy of `store` (a clone
+    /// keeps the store's identity, so the optimizer made for `store` accepts it).
+    fn run(store: &ParamStore<f64>, opt: &mut dyn Optimizer<f64>, steps: usize) -> Vec<f64> {
+        let mut store = store.clone();
+        let id = store.find("p").unwrap();
         let mut out = Vec::new();
         for _ in 0..steps {
-            let p = store.get(id).unwrap().data()[0];
-            let mut s2 = ParamStore::new();
-            s2.add("p", Tensor::from_vec(vec![p], &[1]).unwrap()).unwrap();
-            let mut grads = s2.zeros_like();
+            let mut grads = store.zeros_like().unwrap();
             let mut g = tapir::Graph::new();
             g.scope(|s| {
-                let x = s.param(&s2, id);
+                let x = s.param(&store, id);
                 s.backward_into((x * x).sum() * 0.5, &mut grads).unwrap();
             });
             opt.step(&mut store, &grads).unwrap();
@@ -129,28 +165,31 @@ mod tests {
     fn matches_pytorch_by_hand() {
         let (store, _, _) = one_param(1.0);
         // Plain: p ← p − 0.1·p.
-        assert_eq!(run(&mut Sgd::new(&store, 0.1), 2), [0.9, 0.81]);
+        assert_eq!(run(&store, &mut Sgd::new(&store, 0.1).unwrap(), 2), [0.9, 0.81]);
         // Momentum 0.9: b₁ = 1, p₁ = 0.9; b₂ = 0.9 + 0.9 = 1.8, p₂ = 0.9 − 0.18 = 0.72.
-        let got = run(&mut Sgd::new(&store, 0.1).momentum(0.9, false), 2);
+        let got = run(&store, &mut Sgd::new(&store, 0.1).unwrap().momentum(0.9, false).unwrap(), 2);
         assert!((got[0] - 0.9).abs() < 1e-12 && (got[1] - 0.72).abs() < 1e-12, "{got:?}");
         // Nesterov: b₁ = 1, g = 1 + 0.9 = 1.9, p₁ = 0.81; b₂ = 0.9 + 0.81 = 1.71,
         // g = 0.81 + 1.539 = 2.349, p₂ = 0.81 − 0.2349 = 0.5751.
-        let got = run(&mut Sgd::new(&store, 0.1).momentum(0.9, true), 2);
+        let got = run(&store, &mut Sgd::new(&store, 0.1).unwrap().momentum(0.9, true).unwrap(), 2);
         assert!((got[0] - 0.81).abs() < 1e-12 && (got[1] - 0.5751).abs() < 1e-12, "{got:?}");
         // Weight decay 1: g = p + p, p₁ = 1 − 0.2 = 0.8.
-        assert!((run(&mut Sgd::new(&store, 0.1).weight_decay(1.0), 1)[0] - 0.8).abs() < 1e-12);
+        assert!(
+            (run(&store, &mut Sgd::new(&store, 0.1).unwrap().weight_decay(1.0).unwrap(), 1)[0] - 0.8).abs() < 1e-12
+        );
     }
 
     #[test]
     fn mismatched_gradients_change_nothing() {
         let (mut store, _, id) = one_param(1.0);
-        let mut opt = Sgd::new(&store, 0.1);
-        let empty = ParamStore::<f64>::new().zeros_like();
+        let mut opt = Sgd::new(&store, 0.1).unwrap();
+        let empty = ParamStore::<f64>::new().zeros_like().unwrap();
         let e = opt.step(&mut store, &empty).unwrap_err();
-        assert!(e.to_string().contains("1 parameters but the gradients 0"), "{e}");
+        assert!(matches!(e, tapir::Error::WrongStore { op: "Sgd::step", .. }), "{e}");
         assert_eq!(store.get(id).unwrap().data()[0], 1.0);
-        let mut bad_lr = Sgd::new(&store, f64::NAN);
-        let grads = store.zeros_like();
-        assert!(bad_lr.step(&mut store, &grads).is_err());
+        assert!(Sgd::new(&store, f64::NAN).is_err());
+        let grads = store.zeros_like().unwrap();
+        opt.set_lr(f64::NAN);
+        assert!(opt.step(&mut store, &grads).is_err());
     }
 }

@@ -75,9 +75,12 @@ impl<T: Float> Graph<T> {
     }
 
     /// Threads for matrix products: 1 runs them on the calling thread, `n > 1` on `n`
-    /// threads of rayon's global pool, 0 on all of them.
-    pub fn set_threads(&mut self, threads: usize) {
-        self.par = if threads == 1 { Par::Seq } else { Par::rayon(threads) };
+    /// threads of rayon's global pool, 0 on all of them. Counts above
+    /// [`MAX_THREADS`](crate::MAX_THREADS) are clamped to it. Returns the count in effect.
+    pub fn set_threads(&mut self, threads: usize) -> usize {
+        let (par, n) = crate::threads::par(threads);
+        self.par = par;
+        n
     }
 
     /// Threads used for matrix products.
@@ -216,15 +219,20 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
 
     /// Parameter `id` of `store`, borrowed without copying. Its gradient goes to
     /// [`backward_into`](Scope::backward_into)'s buffer as well as to [`Var::grad`].
+    ///
+    /// An id of another store poisons the scope with [`Error::WrongStore`], one past the
+    /// store's end with [`Error::UnknownParam`].
     #[track_caller]
     pub fn param(&'s self, store: &'g ParamStore<T>, id: ParamId) -> Var<'s, T> {
-        match store.get(id) {
-            Some(t) => self.core.leaf(Op::Param(id.index() as u32), t.shape(), t.data()),
-            None => self.core.fail(Error::UnknownParam {
-                op: "param",
-                detail: format!("parameter {id:?} is not in this store of {} parameters", store.len()),
-                location: Location::caller(),
+        match store.check("param", id) {
+            // The node's payload is [index, store identity low, high], so that
+            // `backward_into` can tell parameters of two stores apart.
+            Ok(i) => self.core.record(crate::ops::OpKind::Param, |r| {
+                let t = store.at(i);
+                let at = r.extra([i as u32, store.id() as u32, (store.id() >> 32) as u32])?;
+                Ok((Op::Param(at), t.shape(), t.data()))
             }),
+            Err(e) => self.core.fail(e),
         }
     }
 
@@ -341,22 +349,38 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// [`ParamStore::zeros_like`] and clears with [`GradBuffer::zero`].
     ///
     /// # Errors
-    /// As for `backward`, and [`Error::UnknownParam`] if `grads` does not match the store
-    /// the parameters came from. Every check runs before the tape is consumed: on error
-    /// `grads` is unchanged and the tape can still be used.
+    /// As for `backward`; [`Error::WrongStore`] if `grads` was made for another store
+    /// than a parameter's, [`Error::UnknownParam`] if its shapes do not match the store's.
+    /// Every check runs before the tape is consumed: on error `grads` is unchanged and the
+    /// tape can still be used.
     #[track_caller]
     pub fn backward_into(&'s self, loss: Var<'s, T>, grads: &mut GradBuffer<T>) -> Result<()> {
         let location = Location::caller();
+        // A parameter node's payload is [index, store identity low, high] (see `param`).
+        let decode = |tape: &Tape<'s, T>, at: u32| {
+            let e = &tape.extra[at as usize..at as usize + 3];
+            (e[0] as usize, u64::from(e[1]) | (u64::from(e[2]) << 32))
+        };
         let check_params = |tape: &Tape<'s, T>| {
             for node in tape.nodes.iter().map(|n| tape.view(n)) {
-                if let Op::Param(p) = node.op {
-                    if grads.shape(p as usize) != Some(node.shape) {
+                if let Op::Param(at) = node.op {
+                    let (p, store) = decode(tape, at);
+                    if store != grads.store() {
+                        return Err(Error::WrongStore {
+                            op: "backward_into",
+                            what: "the gradient buffer".into(),
+                            expected: grads.store(),
+                            found: store,
+                            location,
+                        });
+                    }
+                    if grads.shape(p) != Some(node.shape) {
                         return Err(Error::UnknownParam {
                             op: "backward_into",
                             detail: format!(
                                 "parameter #{p} has shape {} but the gradient buffer holds {}",
                                 node.shape,
-                                grads.shape(p as usize).map_or("no such parameter".to_string(), |s| s.to_string())
+                                grads.shape(p).map_or("no such parameter".to_string(), |s| s.to_string())
                             ),
                             location,
                         });
@@ -368,8 +392,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         self.run_backward("backward_into", (loss, Seed::One), false, location, check_params)?;
         let tape = self.core.tape.borrow();
         for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
-            if let (Op::Param(p), Some(g)) = (node.op, g) {
-                crate::kernels::add_assign(grads.slot_mut(p as usize), g);
+            if let (Op::Param(at), Some(g)) = (node.op, g) {
+                crate::kernels::add_assign(grads.slot_mut(decode(&tape, at).0), g);
             }
         }
         Ok(())

@@ -281,8 +281,9 @@ pub(crate) fn select_axis_grad<T: Float>(
             let target = y[o * inner + i];
             for l in 0..len {
                 let at = (o * len + l) * inner + i;
-                // NaN never equals itself; a NaN maximum sends its gradient nowhere.
-                if x[at] == target {
+                // NaN never equals itself: a NaN result came from the first NaN, which takes
+                // the gradient (as PyTorch's index-based backward does).
+                if x[at] == target || (target.is_nan() && x[at].is_nan()) {
                     dx[at] += dout[o * inner + i];
                     break;
                 }
@@ -296,9 +297,13 @@ pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usi
     for o in 0..outer {
         for i in 0..inner {
             let at = |l: usize| x[(o * len + l) * inner + i];
+            // The maximum, NaN-propagating (`Float::max` would skip a NaN).
             let mut m = T::neg_infinity();
             for l in 0..len {
-                m = m.max(at(l));
+                let v = at(l);
+                if !m.is_nan() && (v > m || v.is_nan()) {
+                    m = v;
+                }
             }
             out[o * inner + i] = if m.is_finite() {
                 let mut s = T::ZERO;

@@ -35,7 +35,8 @@ fn labels_for<T: Float>(r: &mut Rec<'_, '_, T>, shape: Shape, labels: &[usize]) 
 
 /// `ln Σ exp(row)`, shifted by the maximum.
 fn row_lse<T: Float>(row: &[T]) -> T {
-    let m = row.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+    // NaN-propagating: a NaN logit makes the loss NaN.
+    let m = row.iter().fold(T::neg_infinity(), |m, &v| if !m.is_nan() && (v > m || v.is_nan()) { v } else { m });
     if !m.is_finite() {
         return m;
     }

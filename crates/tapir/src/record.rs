@@ -54,17 +54,42 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         self.arena.alloc_iter(iter).map_err(|e| self.alloc_err(e))
     }
 
-    /// Appends `items` to the tape's payload list and returns their offset.
-    pub fn extra(&mut self, items: impl IntoIterator<Item = u32>) -> Result<u32> {
-        let at = self.tape.extra.len();
-        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: self.op, len: at, location: self.location })?;
+    /// Appends `items` to the tape's payload list and returns their offset. The payload
+    /// counts against the arena's limit, and growing the list is fallible.
+    pub fn extra<I>(&mut self, items: I) -> Result<u32>
+    where
+        I: IntoIterator<Item = u32>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let items = items.into_iter();
+        let at = self.make_room(items.len())?;
         self.tape.extra.extend(items);
         Ok(at)
     }
 
-    /// Stores node ids in the payload list and returns their offset.
-    pub fn store_ids(&mut self, ids: impl IntoIterator<Item = NodeId<'s>>) -> Result<u32> {
+    /// Stores node ids in the payload list and returns their offset (see [`extra`](Rec::extra)).
+    pub fn store_ids<I>(&mut self, ids: I) -> Result<u32>
+    where
+        I: IntoIterator<Item = NodeId<'s>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let ids = ids.into_iter();
+        self.make_room(ids.len())?;
         self.tape.store_ids(ids).map_err(|len| Error::TapeFull { op: self.op, len, location: self.location })
+    }
+
+    /// Charges `n` payload entries to the arena and reserves them; the offset they go at.
+    fn make_room(&mut self, n: usize) -> Result<u32> {
+        let at = self.tape.extra.len();
+        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: self.op, len: at, location: self.location })?;
+        let bytes = n.saturating_mul(4);
+        self.arena.charge(bytes).map_err(|e| self.alloc_err(e))?;
+        self.tape.extra.try_reserve(n).map_err(|_| Error::OutOfMemory {
+            op: self.op,
+            requested: bytes,
+            location: self.location,
+        })?;
+        Ok(at)
     }
 
     /// The `count` ids stored at `at`.

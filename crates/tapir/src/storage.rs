@@ -20,6 +20,13 @@ use bytemuck::Pod;
 /// memset call costs more than it saves.
 const SMALL_FILL: usize = 16;
 
+/// The release policy: after this many consecutive scopes that each used under a quarter
+/// of the arena's capacity, the arena shrinks to what the largest of them used...
+pub(crate) const RELEASE_AFTER: u32 = 64;
+/// ...if that gives back at least this many bytes (below it, a release would only make
+/// the next larger scope allocate again).
+const RELEASE_MIN: usize = 1 << 20;
+
 /// Why the arena could not allocate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AllocFail {
@@ -40,6 +47,9 @@ pub struct ArenaStats {
     pub capacity: usize,
     /// How many times the arena took new memory from the system after its first reset.
     pub regrowths: usize,
+    /// How many times the release policy gave memory back to the system (see
+    /// [`Graph::shrink_to_fit`](crate::Graph::shrink_to_fit)).
+    pub releases: usize,
 }
 
 /// A bump arena for `Pod` slices with an optional byte limit.
@@ -51,6 +61,11 @@ pub(crate) struct Arena {
     limit: Option<usize>,
     resets: usize,
     regrowths: usize,
+    releases: usize,
+    /// Consecutive scopes that used under a quarter of the capacity, and the most any of
+    /// them used.
+    small_streak: u32,
+    streak_max: usize,
 }
 
 impl Arena {
@@ -62,6 +77,9 @@ impl Arena {
             limit: None,
             resets: 0,
             regrowths: 0,
+            releases: 0,
+            small_streak: 0,
+            streak_max: 0,
         }
     }
 
@@ -87,6 +105,14 @@ impl Arena {
         if total > self.high_water.get() {
             self.high_water.set(total);
         }
+    }
+
+    /// Counts `bytes` held elsewhere for this scope (the tape's index payloads) against the
+    /// limit and in the statistics, as if they were allocated here.
+    pub(crate) fn charge(&self, bytes: usize) -> Result<(), AllocFail> {
+        let requested = self.reserve(bytes, 1)?;
+        self.commit(requested);
+        Ok(())
     }
 
     /// A zero-filled slice of `len` elements.
@@ -135,8 +161,7 @@ impl Arena {
             if self.resets > 0 {
                 self.regrowths += 1;
             }
-            let used = self.in_use.get();
-            let capacity = used.saturating_add(used / 16).saturating_add(64 * 1024).min(total);
+            let capacity = slack(self.in_use.get()).min(total);
             if let Ok(bump) = Bump::try_with_capacity(capacity) {
                 self.bump = bump;
             }
@@ -145,14 +170,62 @@ impl Arena {
         self.in_use.set(0);
     }
 
+    /// Ends a scope: frees everything, and applies the release policy. Returns whether
+    /// memory went back to the system.
+    ///
+    /// Hysteresis: only a run of [`RELEASE_AFTER`] consecutive scopes that each used under
+    /// a quarter of the capacity shrinks the arena (to the most any of them used, plus
+    /// slack), and only if that frees at least 1 MiB. One large scope in the run (a
+    /// training step between evaluation steps) starts it over, so alternating large and
+    /// small scopes never shrinks and regrows.
+    pub(crate) fn end_scope(&mut self) -> bool {
+        let used = self.in_use.get();
+        self.reset();
+        let capacity = self.bump.allocated_bytes();
+        if used < capacity / 4 {
+            self.small_streak += 1;
+            self.streak_max = self.streak_max.max(used);
+        } else {
+            self.small_streak = 0;
+            self.streak_max = 0;
+        }
+        if self.small_streak < RELEASE_AFTER {
+            return false;
+        }
+        let target = slack(self.streak_max);
+        self.small_streak = 0;
+        self.streak_max = 0;
+        if capacity.saturating_sub(target) < RELEASE_MIN {
+            return false;
+        }
+        self.bump = Bump::try_with_capacity(target).unwrap_or_else(|_| Bump::new());
+        self.releases += 1;
+        true
+    }
+
+    /// Gives all of the arena's memory back to the system; the next scope allocates anew.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.reset();
+        self.bump = Bump::new();
+        self.small_streak = 0;
+        self.streak_max = 0;
+        self.releases += 1;
+    }
+
     pub(crate) fn stats(&self) -> ArenaStats {
         ArenaStats {
             bytes_in_use: self.in_use.get(),
             high_water: self.high_water.get(),
             capacity: self.bump.allocated_bytes(),
             regrowths: self.regrowths,
+            releases: self.releases,
         }
     }
+}
+
+/// Room for `used` bytes, plus alignment padding and slack.
+fn slack(used: usize) -> usize {
+    used.saturating_add(used / 16).saturating_add(64 * 1024)
 }
 
 /// `out[i] = iter.next()`. A function of its own so that `out` is a `&mut` argument, which

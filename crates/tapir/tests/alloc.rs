@@ -52,3 +52,28 @@ fn warmed_up_training_step_allocates_nothing() {
     assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
     assert!(losses[49] < losses[0], "the step trains: {} -> {}", losses[0], losses[49]);
 }
+
+/// A training step and a much smaller evaluation step, alternating: the arena's release
+/// policy (64 consecutive small scopes) never fires, so nothing shrinks and regrows.
+#[test]
+fn alternating_train_and_eval_steps_allocate_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let w = Tensor::<f32>::normal(&[256, 256], 0.0, 0.1, &mut rng).unwrap();
+    let big = Tensor::<f32>::normal(&[512, 256], 0.0, 1.0, &mut rng).unwrap();
+    let small = Tensor::<f32>::normal(&[2, 256], 0.0, 1.0, &mut rng).unwrap();
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut counts = vec![];
+    for step in 0..300 {
+        let x = if step % 2 == 0 { &big } else { &small };
+        let before = ALLOC.allocations();
+        graph.scope(|s| {
+            let w = s.leaf(&w);
+            let loss = s.input(x).matmul(w).tanh().square().mean();
+            s.backward(loss).unwrap();
+        });
+        counts.push(ALLOC.allocations() - before);
+    }
+    assert!(counts[2..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+    assert_eq!(graph.stats().arena.releases, 0);
+}

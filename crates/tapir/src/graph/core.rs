@@ -5,7 +5,7 @@ use std::panic::Location;
 
 use faer::Par;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Loc, Result};
 use crate::graph::tape::{NodeView, Tape};
 use crate::graph::{NodeId, Var};
 use crate::ops::{Op, OpKind};
@@ -124,6 +124,21 @@ impl<'s, T: Float> Core<'s, T> {
     #[track_caller]
     pub(crate) fn leaf(&'s self, kind: Op<'s, T>, shape: Shape, value: &'s [T]) -> Var<'s, T> {
         self.record(kind.kind(), |_| Ok((kind, shape, value)))
+    }
+
+    /// Appends `id` to the tape's payload list (charged to the arena like every payload),
+    /// for a composite that builds an input list one node at a time; failures poison the
+    /// scope under `op` (or the enclosing composite).
+    pub(crate) fn store_id(&'s self, id: NodeId<'s>, op: &'static str, location: Loc) {
+        let mut tape = self.tape.borrow_mut();
+        if tape.error.is_some() {
+            return;
+        }
+        let op = self.op_name(op);
+        let stored = Rec { tape: &mut tape, arena: self.arena, op, location }.store_ids([id]);
+        if let Err(e) = stored {
+            tape.error = Some(e);
+        }
     }
 
     /// Records the error `e` unless the scope already holds one, and returns a poisoned handle.

@@ -192,8 +192,23 @@ impl<T: Float> Graph<T> {
             tape.drain_into(&mut self.spare);
             out
         };
-        self.arena.reset();
+        if self.arena.end_scope() {
+            Tape::shrink(&mut self.spare);
+        }
         out
+    }
+
+    /// Gives the memory this graph keeps between scopes (the arena's chunks and the tape's
+    /// vectors) back to the system; the next scope allocates what it needs anew.
+    ///
+    /// The graph also releases memory by itself, with hysteresis: after 64 consecutive
+    /// scopes that each used under a quarter of the arena's capacity, it shrinks to what
+    /// the largest of them used (if that frees at least 1 MiB). A large scope among them
+    /// starts the count over, so alternating a training step and a smaller evaluation step
+    /// never shrinks and regrows. [`ArenaStats::releases`] counts the releases.
+    pub fn shrink_to_fit(&mut self) {
+        self.arena.shrink_to_fit();
+        Tape::shrink(&mut self.spare);
     }
 }
 

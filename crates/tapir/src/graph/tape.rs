@@ -87,6 +87,16 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         }
     }
 
+    /// Gives the retained vectors' memory back (after a release of the arena, or on
+    /// request): they are empty between scopes.
+    pub(crate) fn shrink(spare: &mut Spare<T>) {
+        spare.nodes = Vec::new();
+        spare.shapes = Vec::new();
+        spare.extra = Vec::new();
+        spare.locs = Vec::new();
+        spare.grads = Vec::new();
+    }
+
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
     pub(crate) fn drain_into(&mut self, spare: &mut Spare<T>) {
         spare.nodes = recycle(std::mem::take(&mut self.nodes));

@@ -298,10 +298,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         let first = self.core.tape.borrow().extra.len();
         for &x in xs {
             let u = x.unsqueeze(axis);
-            let mut tape = self.core.tape.borrow_mut();
-            if tape.error.is_none() {
-                tape.extra.push(u.id.raw());
-            }
+            self.core.store_id(u.id, "stack", std::panic::Location::caller());
         }
         self.core.record(OpKind::Concat, |r| {
             let first =

@@ -56,8 +56,8 @@ fn bench(comm: &Mpi) -> Result<(), Box<dyn std::error::Error>> {
     let mut data_rng = rand::rngs::StdRng::seed_from_u64(1 + rank as u64);
     let x = Tensor::<f32>::uniform(&[local, DIMS[0]], 0.0, 1.0, &mut data_rng)?;
     let y: Vec<usize> = (0..local).map(|i| (i * 7 + rank) % DIMS[3]).collect();
-    let mut grads = store.zeros_like();
-    let mut opt = Sgd::new(&store, 0.01);
+    let mut grads = store.zeros_like()?;
+    let mut opt = Sgd::new(&store, 0.01)?;
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
     let warmup = 3;

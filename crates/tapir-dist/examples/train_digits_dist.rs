@@ -89,7 +89,7 @@ fn train(comm: &Mpi) -> Result<()> {
     let steps_per_epoch = sampler.batches_per_epoch();
     let total = steps_per_epoch * epochs;
     let schedule = CosineWarmup { base: 3e-3, min: 1e-5, warmup: steps_per_epoch, total };
-    let mut opt = Adam::new(&store, schedule.lr(0));
+    let mut opt = Adam::new(&store, schedule.lr(0))?;
     let mut state = TrainState::default();
     if let Some(path) = ckpt.as_ref().filter(|p| p.exists()) {
         state = checkpoint::load(&mut dp, path, &mut store, &mut opt)?;
@@ -97,7 +97,7 @@ fn train(comm: &Mpi) -> Result<()> {
     }
     let test_shard = DistributedSampler::new(test.y.len(), test.y.len(), rank, size, 0)?.sequential();
     let (test_x, test_y) = rows(&test, test_shard.shard(0))?;
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like()?;
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
     if rank == 0 {

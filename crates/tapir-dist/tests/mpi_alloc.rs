@@ -27,8 +27,8 @@ fn main() {
     let d = data::<f32>(len, 3);
     let (mut store, mlp) = model::<f32>(32, 3);
     let mut dp = DataParallel::new(&comm, &mut store).unwrap();
-    let mut grads = store.zeros_like();
-    let mut opt = Adam::new(&store, 1e-3);
+    let mut grads = store.zeros_like().unwrap();
+    let mut opt = Adam::new(&store, 1e-3).unwrap();
     let mut sampler = DistributedSampler::new(len, global, dp.rank(), dp.size(), 0).unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);

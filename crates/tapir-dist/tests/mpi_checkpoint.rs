@@ -34,9 +34,9 @@ struct Run<'c> {
 fn start(comm: &Mpi, init_seed: u64, lr: f64, rng_seed: u64) -> Run<'_> {
     let (mut store, mlp) = model::<f64>(10, init_seed);
     let dp = DataParallel::new(comm, &mut store).unwrap();
-    let opt = Adam::new(&store, lr);
+    let opt = Adam::new(&store, lr).unwrap();
     let sampler = DistributedSampler::new(LEN, BATCH, comm.rank(), comm.size(), 5).unwrap();
-    let grads = store.zeros_like();
+    let grads = store.zeros_like().unwrap();
     Run { dp, store, mlp, opt, sampler, rng: SplitMix64::new(rng_seed), grads, graph: Graph::new() }
 }
 

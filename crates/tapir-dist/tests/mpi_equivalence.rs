@@ -42,8 +42,8 @@ struct Case {
 /// Single-process SGD on the whole global batch; returns parameters and per-step losses.
 fn reference<T: Float>(case: &Case, d: &Data<T>) -> (Vec<f64>, Vec<f64>) {
     let (mut store, mlp) = model::<T>(HIDDEN, 7);
-    let mut grads = store.zeros_like();
-    let mut opt = Sgd::new(&store, LR);
+    let mut grads = store.zeros_like().unwrap();
+    let mut opt = Sgd::new(&store, LR).unwrap();
     let mut sampler = DistributedSampler::new(case.len, case.global_batch, 0, 1, 3).unwrap();
     let mut graph = Graph::new();
     let mut losses = Vec::new();
@@ -62,8 +62,8 @@ fn check_case<T: Float>(comm: &Mpi, case: &Case, tol: f64) {
     // Every rank starts from different values: only the broadcast makes them rank 0's.
     let (mut store, mlp) = model::<T>(HIDDEN, 7 + comm.rank() as u64);
     let mut dp = DataParallel::new(comm, &mut store).unwrap().reduction(case.reduction);
-    let mut grads = store.zeros_like();
-    let mut opt = Sgd::new(&store, LR);
+    let mut grads = store.zeros_like().unwrap();
+    let mut opt = Sgd::new(&store, LR).unwrap();
     let mut sampler = DistributedSampler::new(case.len, case.global_batch, comm.rank(), comm.size(), 3).unwrap();
     let mut graph = Graph::new();
     for (step, &want_loss) in want_losses.iter().enumerate() {

@@ -31,8 +31,8 @@ fn body(comm: &Mpi) -> Result<(), Box<dyn std::error::Error>> {
     let d = data::<f32>(64, 1);
     let (mut store, mlp) = model::<f32>(8, 1);
     let mut dp = DataParallel::new(comm, &mut store).unwrap();
-    let mut grads = store.zeros_like();
-    let mut opt = Sgd::new(&store, 0.1);
+    let mut grads = store.zeros_like()?;
+    let mut opt = Sgd::new(&store, 0.1)?;
     let mut graph = Graph::new();
     for step in 0..10 {
         if step == 3 && rank == victim {

@@ -16,8 +16,8 @@ use crate::Float;
 /// Ops on handles never panic and never return `Result`: a caller's mistake (mismatched
 /// shapes, a bad axis, an index out of range, the arena limit) is recorded as the scope's
 /// first error, with the op, every shape and the caller's location, and every later op
-/// returns a poisoned handle. The error comes out of [`Scope::backward`],
-/// [`Var::value`], [`Var::item`] or [`Scope::check`]; see `docs/design.md` for why.
+/// returns a poisoned handle. The error comes out of [`Scope::backward`](crate::Scope::backward),
+/// [`Var::value`], [`Var::item`] or [`Scope::check`](crate::Scope::check); see `docs/design.md` for why.
 #[derive(Clone, Copy)]
 pub struct Var<'s, T: Float = f32> {
     pub(crate) core: &'s Core<'s, T>,

@@ -17,9 +17,9 @@ impl<'s, T: Float> Var<'s, T> {
     /// Matrix product (batched, with broadcast batch dimensions).
     ///
     /// # Errors
-    /// [`Error::MatMulShape`] (recorded) unless both ranks are ≥ 2, `a`'s last dimension
+    /// [`Error::MatMulShape`](crate::Error::MatMulShape) (recorded) unless both ranks are ≥ 2, `a`'s last dimension
     /// equals `b`'s second-to-last, and the batch dimensions broadcast;
-    /// [`Error::InvalidShape`] if the output would not fit in memory.
+    /// [`Error::InvalidShape`](crate::Error::InvalidShape) if the output would not fit in memory.
     #[track_caller]
     pub fn matmul(self, b: Var<'s, T>) -> Var<'s, T> {
         let par = self.core.par;

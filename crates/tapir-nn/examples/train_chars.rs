@@ -9,7 +9,8 @@
 //!
 //! Options: `--steps N` (default 200), `--seed N` (weights, batches, dropout; default 0),
 //! `--threads N` (matrix-product threads, default 2), `--eval-every N` (default 25),
-//! `--out DIR` (default `target/train_chars`), `--temperature T` (default 0.8).
+//! `--out DIR` (default `target/train_chars`), `--temperature T` (default 0.8), `--memory` (print the first step's
+//! memory report).
 //!
 //! The model: 4 pre-norm blocks of width 128 with 4 heads, context 64, vocabulary 96
 //! (newline and printable ASCII), output projection tied to the token embedding: 814k
@@ -74,6 +75,7 @@ struct Args {
     eval_every: usize,
     out: PathBuf,
     temperature: f64,
+    memory: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -84,6 +86,7 @@ fn parse_args() -> Result<Args> {
         eval_every: 25,
         out: PathBuf::from("target/train_chars"),
         temperature: 0.8,
+        memory: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -95,9 +98,10 @@ fn parse_args() -> Result<Args> {
             "--eval-every" => args.eval_every = value("--eval-every")?.parse()?,
             "--out" => args.out = PathBuf::from(value("--out")?),
             "--temperature" => args.temperature = value("--temperature")?.parse()?,
+            "--memory" => args.memory = true,
             "-h" | "--help" => {
                 println!(
-                    "usage: train_chars [--steps N] [--seed N] [--threads N] [--eval-every N] [--out DIR] [--temperature T]"
+                    "usage: train_chars [--steps N] [--seed N] [--threads N] [--eval-every N] [--out DIR] [--temperature T] [--memory]"
                 );
                 std::process::exit(0);
             }
@@ -277,9 +281,13 @@ fn main() -> Result<()> {
             y[b * t..(b + 1) * t].copy_from_slice(&train[at + 1..at + t + 1]);
         }
         grads.zero();
+        let report = args.memory && step == 0;
         let loss = graph.scope(|s| {
             let (loss, _) = model.loss(Ctx::train(s, &store), &x, &y, t);
             s.backward_into(loss, &mut grads)?;
+            if report {
+                bar.suspend(|| println!("memory of one training step:\n{}", s.memory_report()));
+            }
             loss.item()
         })?;
         clip_grad_norm(&store, &mut grads, 1.0)?;

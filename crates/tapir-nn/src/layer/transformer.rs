@@ -194,7 +194,7 @@ impl Gpt {
     #[track_caller]
     pub fn forward<'s, T: Float>(&self, cx: Ctx<'s, '_, T>, tokens: &[usize], t: usize) -> Var<'s, T> {
         let (c, v) = (self.config.dim, self.config.vocab);
-        let b = if t == 0 { 0 } else { tokens.len() / t };
+        let b = tokens.len().checked_div(t).unwrap_or(0);
         // A length that is not a multiple of t makes this reshape record the error.
         let rows = if b * t == tokens.len() { b } else { tokens.len() };
         let tok = self.tok.forward(cx, tokens).reshape(&[rows, t, c]);

@@ -108,7 +108,12 @@ fn parse_args() -> Result<Args> {
             other => return Err(format!("unknown argument {other:?}; try --help").into()),
         }
     }
-    if args.steps == 0 || args.threads == 0 || args.eval_every == 0 || args.temperature.is_nan() || args.temperature <= 0.0 {
+    if args.steps == 0
+        || args.threads == 0
+        || args.eval_every == 0
+        || args.temperature.is_nan()
+        || args.temperature <= 0.0
+    {
         return Err("--steps, --threads, --eval-every and --temperature must be positive".into());
     }
     Ok(args)

@@ -118,8 +118,9 @@ impl<T: Float> Module<T> for CausalSelfAttention {
         let (dims, _) = crate::dims(x.shape());
         let (b, t, c) = (dims[0], dims[1], self.dim);
         let (h, d) = (self.heads, self.dim / self.heads);
-        let qkv = self.qkv.forward(cx, x); // [B, T, 3C]
-        // One head split per projection: narrow to [B, T, C], view as [B, T, H, D], permute.
+        // [B, T, 3C], then one head split per projection: narrow to [B, T, C], view as
+        // [B, T, H, D], permute.
+        let qkv = self.qkv.forward(cx, x);
         let split = |which: usize, axes: &[usize]| qkv.narrow(-1, which * c, c).reshape(&[b, t, h, d]).permute(axes);
         let scale = T::from_f64(1.0 / (d as f64).sqrt());
         let q = split(0, &[0, 2, 1, 3]).mul_scalar(scale); // [B, H, T, D], scaled here: T·D < T·T

@@ -1,4 +1,4 @@
-//! `just compare`: W1–W6 on Tapir, on faer called directly, on candle, on burn and (when
+//! `just compare`: W1–W6 and W10 on Tapir, on faer called directly, on candle, on burn and (when
 //! `python3 -c "import torch"` works) on PyTorch, one after another with alternating
 //! repetitions, as one table.
 //!

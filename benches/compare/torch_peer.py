@@ -1,15 +1,29 @@
 """PyTorch side of `just compare`: the same child protocol as `tapir-compare child`.
 
-Usage: python3 torch_peer.py WORKLOAD THREADS W5_STEPS
+Usage: python3 torch_peer.py WORKLOAD THREADS STEPS
 Prints `INFO threads N`, `INFO version V` and one `RESULT metric value` line per figure.
+With TORCH_PEER_COMPILE=1 it runs W10 only, on a `torch.compile`d model.
 """
 
+import os
 import resource
 import statistics
 import sys
 import time
 
-import torch
+
+def _rss_now_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+import torch  # noqa: E402  (the RSS of the import itself is measured around it)
+
+IMPORT_MIB = _rss_now_mib()
+COMPILE = os.environ.get("TORCH_PEER_COMPILE") == "1"
 
 CHAIN_OPS = 10_000
 DIMS = [784, 1024, 1024, 10]
@@ -146,13 +160,68 @@ def w4():
         emit(f"w4_{nodes}_total_ms", statistics.median(total))
 
 
+def w10(steps):
+    """The `train_chars` model (crates/tapir-nn/examples/chars/gpt_torch.py): forward,
+    cross-entropy, backward, clipping to norm 1, AdamW; batch 32 x 64 tokens."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "crates", "tapir-nn", "examples", "chars"))
+    from gpt_torch import Gpt
+
+    torch.manual_seed(0)
+    model = Gpt()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    forward = torch.compile(model) if COMPILE else model
+    x = torch.randint(0, 96, (32, 64))
+    y = torch.randint(0, 96, (32, 64))
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(forward(x).view(-1, 96), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.item()
+
+    times, rss10 = [], float("nan")
+    for i in range(1, steps + 1):
+        t = time.perf_counter()
+        step()
+        if i > 3:
+            times.append((time.perf_counter() - t) * 1e3)
+        if i == 10:
+            rss10 = rss_mib()
+    ms = statistics.median(times)
+    emit("w10_ms", ms)
+    emit("w10_tokens_per_s", 32 * 64 / ms * 1e3)
+    emit("w10_peak_mib", peak_mib())
+    emit("w10_growth_mib", rss_mib() - rss10)
+    emit("w10_import_mib", IMPORT_MIB)
+
+
 def main():
     workload, threads, w5_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(threads)
     sys.setrecursionlimit(10_000)
     print(f"INFO threads {torch.get_num_threads()}", flush=True)
     print(f"INFO version {torch.__version__}", flush=True)
-    {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": lambda: w5(w5_steps), "W6": lambda: None}[workload]()
+    if COMPILE and workload != "W10":
+        return
+    if COMPILE:
+        try:
+            torch.compile(lambda z: z + 1)(torch.ones(1))
+        except Exception as e:  # no compiler toolchain: report and skip
+            print(f"torch.compile unavailable: {e}", file=sys.stderr)
+            return
+    {
+        "W1": w1,
+        "W2": w2,
+        "W3": w3,
+        "W4": w4,
+        "W5": lambda: w5(w5_steps),
+        "W6": lambda: None,
+        "W10": lambda: w10(w5_steps),
+    }[workload]()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-//! `just compare`: W1–W6 on Tapir, on faer called directly, on candle, on burn and (when
+//! `just compare`: W1–W6 and W10 on Tapir, on faer called directly, on candle, on burn and (when
 //! `python3 -c "import torch"` works) on PyTorch, one after another with alternating
 //! repetitions, as one table.
 //!
@@ -14,6 +14,7 @@ mod burn_peer;
 mod candle_peer;
 mod peer;
 mod tapir_peer;
+mod w10;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -25,8 +26,9 @@ use peer::{median, Peer};
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
-const SYSTEMS: [&str; 6] = ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch"];
-const WORKLOADS: [&str; 6] = ["W1", "W2", "W3", "W4", "W6", "W5"];
+/// `torch-compile` is PyTorch with `torch.compile` on the W10 model; it runs W10 only.
+const SYSTEMS: [&str; 7] = ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile"];
+const WORKLOADS: [&str; 7] = ["W1", "W2", "W3", "W4", "W6", "W5", "W10"];
 /// A child that runs longer than this is killed and its cell reads "timeout".
 const CHILD_LIMIT: Duration = Duration::from_secs(600);
 
@@ -34,13 +36,14 @@ struct Options {
     threads: usize,
     reps: usize,
     w5_steps: usize,
+    w10_steps: usize,
     workloads: Vec<String>,
     systems: Vec<String>,
 }
 
 fn usage() -> String {
     format!(
-        "usage: tapir-compare [--threads N] [--reps R] [--w5-steps S] [--workloads W1,W2,...] [--systems a,b,...]\n\
+        "usage: tapir-compare [--threads N] [--reps R] [--w5-steps S] [--w10-steps S] [--workloads W1,W2,...] [--systems a,b,...]\n\
          workloads: {}\nsystems: {}",
         WORKLOADS.join(","),
         SYSTEMS.join(",")
@@ -52,6 +55,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reps: 3,
         w5_steps: 2000,
+        w10_steps: 500,
         workloads: WORKLOADS.iter().map(|s| s.to_string()).collect(),
         systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
     };
@@ -63,6 +67,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--threads" => o.threads = number(value()?)?.max(1),
             "--reps" => o.reps = number(value()?)?.max(1),
             "--w5-steps" => o.w5_steps = number(value()?)?.max(100),
+            "--w10-steps" => o.w10_steps = number(value()?)?.max(10),
             "--workloads" => o.workloads = value()?.split(',').map(|s| s.trim().to_uppercase()).collect(),
             "--systems" => o.systems = value()?.split(',').map(|s| s.trim().to_lowercase()).collect(),
             "-h" | "--help" => return Err(usage()),
@@ -124,16 +129,20 @@ struct Results {
 
 fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
     let threads = o.threads.to_string();
-    let mut cmd = if system == "torch" {
+    let mut cmd = if system.starts_with("torch") {
         let mut c = Command::new("python3");
         c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/torch_peer.py"));
+        if system == "torch-compile" {
+            c.env("TORCH_PEER_COMPILE", "1");
+        }
         c
     } else {
         let mut c = Command::new(std::env::current_exe().expect("the runner's own path"));
         c.args(["child", system]);
         c
     };
-    cmd.args([workload, &threads, &o.w5_steps.to_string()]);
+    let steps = if workload == "W10" { o.w10_steps } else { o.w5_steps };
+    cmd.args([workload, &threads, &steps.to_string()]);
     for var in ["RAYON_NUM_THREADS", "MATMUL_NUM_THREADS", "CANDLE_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
         cmd.env(var, &threads);
     }
@@ -221,6 +230,11 @@ fn label(metric: &str) -> String {
         "w6_heap_bytes_per_node" => "W6 heap bytes/node while recording (cold)",
         "w6_tapir_tape_bytes_per_node" => "W6 Tapir tape bytes/node (GraphStats)",
         "w6_tapir_arena_bytes_per_node" => "W6 Tapir arena bytes/node (values)",
+        "w10_ms" => "W10 char-transformer step, ms",
+        "w10_tokens_per_s" => "W10 tokens/s",
+        "w10_peak_mib" => "W10 peak RSS, MiB",
+        "w10_growth_mib" => "W10 RSS growth step 10→last, MiB",
+        "w10_import_mib" => "W10 RSS after `import torch`, MiB",
         _ => "",
     };
     if !fixed.is_empty() {
@@ -317,19 +331,23 @@ fn main() {
         }
     };
     let mut systems = o.systems.clone();
-    if systems.iter().any(|s| s == "torch") {
+    if systems.iter().any(|s| s.starts_with("torch")) {
         if let Err(why) = torch_available() {
             println!(
                 "PyTorch: skipped, `python3 -c \"import torch\"` failed ({why}). `pip install torch` to include it."
             );
-            systems.retain(|s| s != "torch");
+            systems.retain(|s| !s.starts_with("torch"));
         }
+    }
+    // torch.compile only runs W10: leave it out unless W10 is asked for.
+    if !o.workloads.iter().any(|w| w == "W10") {
+        systems.retain(|s| s != "torch-compile");
     }
     let started = Instant::now();
     let mut r = Results::default();
     for w in &o.workloads {
         // W5 and W6 measure memory, not time: one run each is the measurement.
-        let reps = if w == "W5" || w == "W6" { 1 } else { o.reps };
+        let reps = if w == "W5" || w == "W6" || w == "W10" { 1 } else { o.reps };
         for rep in 0..reps {
             eprintln!("{w}, repetition {}/{reps}", rep + 1);
             // Rotate the order every repetition, so that no system always runs first or last.

@@ -31,6 +31,12 @@ pub trait Peer {
     }
     /// One W2 step: forward, cross-entropy, backward, SGD in place.
     fn w2_step(&mut self) {}
+    /// Prepares W10 (the character-level transformer, its optimizer and a batch).
+    fn w10_init(&mut self) -> bool {
+        false
+    }
+    /// One W10 training step: forward, cross-entropy, backward, clipping, AdamW.
+    fn w10_step(&mut self) {}
     /// Whether W3, W4 and W6 (graphs of tiny ops) apply.
     fn has_tape(&self) -> bool {
         false
@@ -84,6 +90,26 @@ fn peak_mib() -> f64 {
 /// Runs one workload on `p` and prints its metrics.
 pub fn run(p: &mut dyn Peer, workload: &str, w5_steps: usize) {
     match workload {
+        "W10" if p.w10_init() => {
+            // `w5_steps` steps (500 by default for W10); the first 3 warm up. RSS growth
+            // is from step 10 to the last.
+            let (mut times, mut rss10) = (Vec::new(), f64::NAN);
+            for step in 1..=w5_steps {
+                let t = Instant::now();
+                p.w10_step();
+                if step > 3 {
+                    times.push(ms(t.elapsed()));
+                }
+                if step == 10 {
+                    rss10 = rss_mib();
+                }
+            }
+            let step_ms = median(&mut times);
+            emit("w10_ms", step_ms);
+            emit("w10_tokens_per_s", crate::w10::TOKENS as f64 / step_ms * 1e3);
+            emit("w10_peak_mib", peak_mib());
+            emit("w10_growth_mib", rss_mib() - rss10);
+        }
         "W1" if p.w1_init() => {
             // 20 iterations: the first 3 warm up; RSS growth is from iteration 10 to the last.
             let (mut times, mut rss10) = (Vec::new(), f64::NAN);

@@ -13,12 +13,13 @@ pub struct Tapir {
     graph: Graph<f32>,
     w1: Option<SeedLoop>,
     w2: Option<Mlp>,
+    w10: Option<crate::w10::CharStep>,
     leaves: Vec<Tensor<f32>>,
 }
 
 impl Tapir {
     pub fn new(threads: usize) -> Tapir {
-        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, leaves: Vec::new() }
+        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w10: None, leaves: Vec::new() }
     }
 
     fn leaf(&mut self, numel: usize) -> Tensor<f32> {
@@ -65,6 +66,16 @@ impl Peer for Tapir {
     fn w2_step(&mut self) {
         let w2 = self.w2.as_mut().expect("w2_init ran");
         std::hint::black_box(w2.step(&mut self.graph));
+    }
+
+    fn w10_init(&mut self) -> bool {
+        self.w10 = Some(crate::w10::CharStep::new());
+        true
+    }
+
+    fn w10_step(&mut self) {
+        let w10 = self.w10.as_mut().expect("w10_init ran");
+        std::hint::black_box(w10.step(&mut self.graph));
     }
 
     fn has_tape(&self) -> bool {

@@ -4,18 +4,22 @@
 //! each scope reads the parameters through a [`Ctx`].
 
 mod activation;
+mod attention;
 mod conv;
 mod dropout;
 mod embedding;
 mod linear;
 mod norm;
+mod transformer;
 
 pub use activation::Activation;
+pub use attention::{CausalSelfAttention, MASKED_SCORE};
 pub use conv::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use linear::{Linear, Mlp, MlpBuilder};
 pub use norm::LayerNorm;
+pub use transformer::{Gpt, GptConfig, PositionalEmbedding, TransformerBlock};
 
 use tapir::{Float, ParamId, ParamStore, Scope, Var};
 

@@ -32,8 +32,10 @@ impl CharStep {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let mut store = ParamStore::new();
         let model = Gpt::new(&mut store, CONFIG, &mut rng).expect("a valid configuration");
-        let grads = store.zeros_like();
-        let opt = AdamW::new(&store, 1e-3, 0.01).betas(0.9, 0.95);
+        let grads = store.zeros_like().expect("gradient buffers fit in memory");
+        let opt = AdamW::new(&store, 1e-3, 0.01)
+            .and_then(|o| o.betas(0.9, 0.95))
+            .expect("valid hyper-parameters and moments that fit in memory");
         let x = (0..TOKENS).map(|_| rng.random_range(0..CONFIG.vocab)).collect();
         let y = (0..TOKENS).map(|_| rng.random_range(0..CONFIG.vocab)).collect();
         CharStep { model, store, grads, opt, x, y }

@@ -263,8 +263,8 @@ fn main() -> Result<()> {
         args.threads
     );
     let schedule = CosineWarmup { base: 3e-3, min: 1e-4, warmup: 20.min(args.steps / 5 + 1), total: args.steps };
-    let mut opt = AdamW::new(&store, schedule.lr(0), 0.01).betas(0.9, 0.95);
-    let mut grads = store.zeros_like();
+    let mut opt = AdamW::new(&store, schedule.lr(0), 0.01)?.betas(0.9, 0.95)?;
+    let mut grads = store.zeros_like()?;
     let mut graph = Graph::<f32>::new();
     graph.set_threads(args.threads);
     let evals = eval_batches(val);

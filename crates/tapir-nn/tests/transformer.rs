@@ -23,7 +23,7 @@ fn check(store: &mut ParamStore<f64>, forward: Forward<'_>) {
             (out * s.tensor(&r, &dims)).sum().item().unwrap()
         })
     };
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     graph.scope(|s| {
         let out = forward(Ctx::eval(s, store));
         let dims = out.shape().to_vec();
@@ -116,9 +116,9 @@ fn a_parameter_used_twice_gets_both_contributions() {
     let head = store.add("head.weight", table).unwrap();
     let (tokens, targets) = ([1, 2, 3, 1, 5, 0], [2, 3, 1, 5, 0, 6]);
     let mut graph = Graph::<f64>::new();
-    let mut tied = store.zeros_like();
+    let mut tied = store.zeros_like().unwrap();
     graph.scope(|s| s.backward_into(gpt.loss(Ctx::eval(s, &store), &tokens, &targets, 3).0, &mut tied).unwrap());
-    let mut split = store.zeros_like();
+    let mut split = store.zeros_like().unwrap();
     graph.scope(|s| {
         let cx = Ctx::eval(s, &store);
         let mut h = gpt.tok.forward(cx, &tokens).reshape(&[2, 3, 4]) + gpt.pos.forward(cx, 3);
@@ -193,7 +193,7 @@ fn masked_steps_are_finite_under_anomaly_detection_and_dropout_is_off_in_eval() 
     graph.set_anomaly_detection(true);
     let tokens: Vec<usize> = (0..12).map(|i| (i * 5) % 13).collect();
     let targets: Vec<usize> = (0..12).map(|i| (i * 7 + 1) % 13).collect();
-    let mut grads = store.zeros_like();
+    let mut grads = store.zeros_like().unwrap();
     let train = graph.scope(|s| {
         let (loss, logits) = gpt.loss(Ctx::train(s, &store), &tokens, &targets, 6);
         s.backward_into(loss, &mut grads).unwrap();

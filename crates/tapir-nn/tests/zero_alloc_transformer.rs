@@ -31,8 +31,8 @@ fn warmed_up_transformer_steps_allocate_nothing() {
     let y: Vec<usize> = (0..4 * 16).map(|_| rng.random_range(0..96)).collect();
     let (steps, warmup) = (10, 3);
     let schedule = CosineWarmup { base: 3e-3, min: 1e-4, warmup: 2, total: steps };
-    let mut opt = AdamW::new(&store, schedule.lr(0), 0.01).betas(0.9, 0.95);
-    let mut grads = store.zeros_like();
+    let mut opt = AdamW::new(&store, schedule.lr(0), 0.01).unwrap().betas(0.9, 0.95).unwrap();
+    let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
     let (mut before, mut losses) = (0, [f32::NAN; 10]);

@@ -254,9 +254,10 @@ pub enum Error {
     /// in one of its callbacks.
     #[error("{op}: the custom op's {phase} failed: {detail} (op recorded at {location})")]
     CustomOp {
-        /// The op's own name ([`CustomOp::name`](crate::CustomOp::name)).
+        /// The op's own name ([`CustomOp::name`](crate::CustomOp::name)), or `"custom"` if
+        /// that panicked.
         op: &'static str,
-        /// The callback: `"output_shape"`, `"saved_len"`, `"forward"` or `"backward"`.
+        /// The callback: `"name"`, `"output_shape"`, `"saved_len"`, `"forward"` or `"backward"`.
         phase: &'static str,
         /// Its message, or `panicked: ` and the panic's message.
         detail: String,

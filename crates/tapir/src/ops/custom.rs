@@ -22,7 +22,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 
 use crate::error::{Error, Loc, Result};
 use crate::graph::{NodeId, Scope, Var};
@@ -202,7 +202,12 @@ pub trait CustomOp<T> {
     ///
     /// # Errors
     /// A [`CustomError`], which becomes the scope's error.
-    fn forward(&self, inputs: CustomInputs<'_, T>, out: &mut [T], saved: &mut [T]) -> std::result::Result<(), CustomError>;
+    fn forward(
+        &self,
+        inputs: CustomInputs<'_, T>,
+        out: &mut [T],
+        saved: &mut [T],
+    ) -> std::result::Result<(), CustomError>;
 
     /// Adds `∂L/∂inputᵢ` into `dinputs[i]` from `dout = ∂L/∂out`, for every `i` whose
     /// slot is `Some` (`None`: that input needs no gradient). Add, do not overwrite: the
@@ -477,9 +482,12 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// was recorded) if the op's backward panics or fails.
     #[track_caller]
     pub fn custom(&'s self, op: &'g dyn CustomOp<T>, inputs: &[Var<'s, T>]) -> Var<'s, T> {
-        // The name is the caller's code too; a panic there still leaves a typed error.
-        let name = catch_unwind(AssertUnwindSafe(|| op.name())).unwrap_or("custom");
-        self.core.record_as(name, |r| record(r, op, inputs))
+        // The name is the caller's code too: a panic there is a typed error as well,
+        // named by the kind.
+        match guarded("custom", "name", Location::caller(), || Ok(op.name())) {
+            Ok(name) => self.core.record_as(name, |r| record(r, op, inputs)),
+            Err(e) => self.core.fail(e),
+        }
     }
 }
 
@@ -572,7 +580,9 @@ fn backward_with<'s, T: Float>(
                 // On failure, the slots taken so far are the first ones, in order, and
                 // the caller puts them back.
                 None => Some(
-                    ctx.arena.alloc_zeroed(ctx.shape(id).numel()).map_err(|e| alloc_error(e, "backward", ctx.location))?,
+                    ctx.arena
+                        .alloc_zeroed(ctx.shape(id).numel())
+                        .map_err(|e| alloc_error(e, "backward", ctx.location))?,
                 ),
             },
         };

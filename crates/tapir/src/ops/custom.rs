@@ -450,14 +450,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// assert_eq!(y.data(), [2.0, 3.0]);
     /// ```
     ///
-    /// The callbacks get slices and shapes, never the scope, so they cannot record on it;
-    /// an op that holds the scope to try cannot be recorded either, since the scope does
-    /// not live for `'g`:
+    /// The callbacks get slices and shapes, never the scope, so they cannot record on it
+    /// (the tape's `RefCell` is borrowed while they run). An op that holds the scope to
+    /// try anyway cannot be recorded, since the scope does not live for `'g`:
     ///
     /// ```compile_fail
     /// # use tapir::{CustomError, CustomInputs, CustomOp, Graph, Scope, Shape, Tensor};
-    /// struct Sneaky<'a, 's, 'g>(&'a Scope<'s, 'g, f32>);
-    /// impl CustomOp<f32> for Sneaky<'_, '_, '_> {
+    /// struct Sneaky<'s, 'g>(&'s Scope<'s, 'g, f32>);
+    /// impl CustomOp<f32> for Sneaky<'_, '_> {
     ///     fn name(&self) -> &'static str { "sneaky" }
     ///     fn output_shape(&self, x: &[Shape]) -> Result<Shape, CustomError> { Ok(x[0]) }
     ///     fn forward(&self, _: CustomInputs<'_, f32>, _: &mut [f32], _: &mut [f32]) -> Result<(), CustomError> {
@@ -470,7 +470,29 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// let x = Tensor::<f32>::ones(&[2]).unwrap();
     /// let mut g = Graph::<f32>::new();
     /// g.scope(|s| {
-    ///     let _ = s.custom(&Sneaky(s), &[s.leaf(&x)]); // `s` is borrowed for 's, not 'g
+    ///     let _ = s.custom(&Sneaky(s), &[s.leaf(&x)]); // `s` lives for 's, not 'g
+    /// });
+    /// ```
+    ///
+    /// and its twin, which only asks the same op its name, compiles:
+    ///
+    /// ```
+    /// # use tapir::{CustomError, CustomInputs, CustomOp, Graph, Scope, Shape, Tensor};
+    /// # struct Sneaky<'s, 'g>(&'s Scope<'s, 'g, f32>);
+    /// # impl CustomOp<f32> for Sneaky<'_, '_> {
+    /// #     fn name(&self) -> &'static str { "sneaky" }
+    /// #     fn output_shape(&self, x: &[Shape]) -> Result<Shape, CustomError> { Ok(x[0]) }
+    /// #     fn forward(&self, _: CustomInputs<'_, f32>, _: &mut [f32], _: &mut [f32]) -> Result<(), CustomError> {
+    /// #         let _ = self.0.scalar(1.0); // would re-enter the tape's RefCell
+    /// #         Ok(())
+    /// #     }
+    /// #     fn backward(&self, _: CustomInputs<'_, f32>, _: &[f32], _: &[f32], _: &[f32],
+    /// #                 _: &mut [Option<&mut [f32]>]) -> Result<(), CustomError> { Ok(()) }
+    /// # }
+    /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let mut g = Graph::<f32>::new();
+    /// g.scope(|s| {
+    ///     assert_eq!(Sneaky(s).name(), "sneaky");
     /// });
     /// ```
     ///

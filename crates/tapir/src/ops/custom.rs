@@ -519,7 +519,8 @@ fn record<'s, T: Float>(
     op: &'s (dyn CustomOp<T> + 's),
     inputs: &[Var<'s, T>],
 ) -> Result<(Op<'s, T>, Shape, &'s [T])> {
-    let count = u32::try_from(inputs.len()).map_err(|_| r.invalid(format!("{} inputs", inputs.len())))?;
+    let count = u32::try_from(inputs.len())
+        .map_err(|_| r.invalid(format!("takes at most {} inputs, got {}", u32::MAX, inputs.len())))?;
     let mut scratch = r.take_custom_scratch();
     let result = forward(r, op, inputs, &mut scratch);
     r.restore_custom_scratch(scratch);
@@ -595,18 +596,14 @@ fn backward_with<'s, T: Float>(
         scratch.shapes.push(ctx.shape(id));
         // A slot taken by an earlier occurrence of the same input reads `None` here and
         // gets a fresh zeroed buffer, added to the first one afterwards.
-        let slot = match ctx.requires_grad(id) {
-            false => None,
-            true => match ctx.grads[id].take() {
-                Some(g) => Some(g),
-                // On failure, the slots taken so far are the first ones, in order, and
-                // the caller puts them back.
-                None => Some(
-                    ctx.arena
-                        .alloc_zeroed(ctx.shape(id).numel())
-                        .map_err(|e| alloc_error(e, "backward", ctx.location))?,
-                ),
-            },
+        let slot = if !ctx.requires_grad(id) {
+            None
+        } else if let Some(g) = ctx.grads[id].take() {
+            Some(g)
+        } else {
+            // On failure, the slots taken so far are the first ones, in order, and the
+            // caller puts them back.
+            Some(ctx.arena.alloc_zeroed(ctx.shape(id).numel()).map_err(|e| alloc_error(e, "backward", ctx.location))?)
         };
         scratch.grads.push(slot);
     }

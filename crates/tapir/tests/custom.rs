@@ -486,3 +486,33 @@ fn parameters_enter_as_inputs_and_every_backward_entry_point_works() {
         assert_eq!(x.grad().unwrap(), [1.0, 2.0, 3.0]);
     });
 }
+
+#[test]
+fn running_out_of_arena_in_a_custom_backward_puts_every_slot_back() {
+    let x = t(&[1.0, 2.0, 3.0, 4.0]);
+    let mut g = Graph::<f64>::new();
+    fn record<'s>(s: &'s tapir::Scope<'s, '_, f64>, x: tapir::Var<'s, f64>) -> tapir::Var<'s, f64> {
+        s.custom(&MulAdd, &[x, x, x]).sum()
+    }
+    let forward = g.scope(|s| {
+        let _ = record(s, s.leaf(&x));
+        s.stats().arena.bytes_in_use
+    });
+    // Room for the seed (8 bytes), dy (32) and x's first slot (32), not for the slot of
+    // x's second occurrence.
+    g.set_arena_limit(Some(forward + 8 + 32 + 32));
+    g.scope(|s| {
+        let x = s.leaf(&x);
+        let e = s.backward(record(s, x)).unwrap_err();
+        assert!(matches!(e, Error::ArenaLimit { op: "backward", .. }), "{e}");
+        // The op's backward never ran; x's first slot went back to the map untouched.
+        assert_eq!(x.grad().unwrap(), [0.0; 4]);
+    });
+    g.set_arena_limit(None);
+    let dx = g.scope(|s| {
+        let x = s.leaf(&x);
+        s.backward(record(s, x)).unwrap();
+        x.grad().unwrap().to_vec()
+    });
+    assert_eq!(dx, [3.0, 5.0, 7.0, 9.0]); // d(x² + x)/dx = 2x + 1
+}

@@ -250,6 +250,20 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// A user-defined op ([`CustomOp`](crate::CustomOp)) panicked or reported a failure
+    /// in one of its callbacks.
+    #[error("{op}: the custom op's {phase} failed: {detail} (op recorded at {location})")]
+    CustomOp {
+        /// The op's own name ([`CustomOp::name`](crate::CustomOp::name)), or `"custom"` if
+        /// that panicked.
+        op: &'static str,
+        /// The callback: `"name"`, `"output_shape"`, `"saved_len"`, `"forward"` or `"backward"`.
+        phase: &'static str,
+        /// Its message, or `panicked: ` and the panic's message.
+        detail: String,
+        /// Where the caller recorded the op (also for a failure in backward).
+        location: Loc,
+    },
     /// Reading or writing a checkpoint failed.
     #[error("{op}: {detail}")]
     Io {
@@ -289,6 +303,7 @@ impl Error {
             | Error::NonFinite { op, .. }
             | Error::InvalidArgument { op, .. }
             | Error::UnknownParam { op, .. }
+            | Error::CustomOp { op, .. }
             | Error::Io { op, .. } => op,
         }
     }
@@ -316,7 +331,8 @@ impl Error {
             | Error::TapeFull { location, .. }
             | Error::NonFinite { location, .. }
             | Error::InvalidArgument { location, .. }
-            | Error::UnknownParam { location, .. } => Some(location),
+            | Error::UnknownParam { location, .. }
+            | Error::CustomOp { location, .. } => Some(location),
         }
     }
 }

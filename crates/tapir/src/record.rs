@@ -8,6 +8,7 @@ use crate::error::{Error, Loc, Result};
 use crate::graph::id::NodeMap;
 use crate::graph::tape::{NodeView, Tape};
 use crate::graph::NodeId;
+use crate::ops::custom::{CustomEntry, CustomScratch};
 use crate::shape::{resolve_axis, Shape};
 use crate::storage::{AllocFail, Arena};
 use crate::Float;
@@ -97,6 +98,24 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         self.tape.stored_ids(at, count)
     }
 
+    /// The custom-op scratch lists, taken out of the tape while a custom op runs (give
+    /// them back with [`restore_custom_scratch`](Rec::restore_custom_scratch)).
+    pub fn take_custom_scratch(&mut self) -> CustomScratch<'s, T> {
+        std::mem::take(&mut self.tape.custom_scratch)
+    }
+
+    pub fn restore_custom_scratch(&mut self, scratch: CustomScratch<'s, T>) {
+        self.tape.custom_scratch = scratch;
+    }
+
+    /// Files a custom op in the side table and returns its row.
+    pub fn push_custom(&mut self, entry: CustomEntry<'s, T>) -> Result<u32> {
+        let at = self.tape.custom.len();
+        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: self.op, len: at, location: self.location })?;
+        self.tape.custom.push(entry);
+        Ok(at)
+    }
+
     /// Resolves a possibly negative axis against `shape`.
     pub fn axis(&self, shape: Shape, axis: isize) -> Result<usize> {
         resolve_axis(shape.rank(), axis).ok_or(Error::BadAxis { op: self.op, axis, shape, location: self.location })
@@ -125,6 +144,9 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
     pub(crate) tape: &'a Tape<'s, T>,
     pub(crate) grads: &'a mut NodeMap<'s, Option<&'s mut [T]>>,
     pub(crate) arena: &'s Arena,
+    /// The custom-op scratch lists, out of the tape for the pass (the walk reads the
+    /// tape through a shared borrow).
+    pub(crate) custom: &'a mut CustomScratch<'s, T>,
     pub par: Par,
     pub(crate) location: Loc,
 }
@@ -137,6 +159,16 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {
         self.tape.shape(id)
+    }
+
+    /// Whether node `id` gets a gradient.
+    pub fn requires_grad(&self, id: NodeId<'s>) -> bool {
+        self.tape.node(id).requires_grad
+    }
+
+    /// Row `table` of the custom-op side table.
+    pub fn custom_entry(&self, table: u32) -> CustomEntry<'s, T> {
+        self.tape.custom[table as usize]
     }
 
     pub fn extra(&self, at: u32, len: usize) -> &'a [u32] {

@@ -1,12 +1,56 @@
 //! A warmed-up training step makes zero heap allocations in the engine: recording,
-//! backward, gradient accumulation into a caller-owned buffer, and the arena reset.
+//! backward, gradient accumulation into a caller-owned buffer, and the arena reset,
+//! custom ops included.
 //! Matrix products run sequentially here (`set_threads(1)`), so faer's GEMM is counted
 //! too; see `docs/design.md` for rayon's share when they run in parallel.
 
 mod common;
 
 use rand::SeedableRng;
-use tapir::{Graph, ParamStore, Tensor};
+use tapir::{CustomError, CustomInputs, CustomOp, Graph, ParamStore, Shape, Tensor};
+
+/// `y = a ⊙ b` with both inputs copied to the saved scratch: recording it uses the side
+/// table, the scratch lists and a saved slice; its backward, the gradient slots.
+struct SavedMul;
+
+impl CustomOp<f32> for SavedMul {
+    fn name(&self) -> &'static str {
+        "saved_mul"
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, CustomError> {
+        Ok(inputs[0])
+    }
+    fn saved_len(&self, inputs: &[Shape]) -> usize {
+        2 * inputs[0].numel()
+    }
+    fn forward(&self, x: CustomInputs<'_, f32>, out: &mut [f32], saved: &mut [f32]) -> Result<(), CustomError> {
+        let (a, b) = (x.value(0), x.value(1));
+        for (i, y) in out.iter_mut().enumerate() {
+            *y = a[i] * b[i];
+        }
+        saved[..a.len()].copy_from_slice(a);
+        saved[a.len()..].copy_from_slice(b);
+        Ok(())
+    }
+    fn backward(
+        &self,
+        _: CustomInputs<'_, f32>,
+        _: &[f32],
+        saved: &[f32],
+        dout: &[f32],
+        dx: &mut [Option<&mut [f32]>],
+    ) -> Result<(), CustomError> {
+        let (a, b) = saved.split_at(dout.len());
+        for (k, other) in [b, a].into_iter().enumerate() {
+            if let Some(d) = dx[k].as_deref_mut() {
+                for ((d, &g), &o) in d.iter_mut().zip(dout).zip(other) {
+                    *d += g * o;
+                }
+            }
+        }
+        Ok(())
+    }
+}
 
 #[global_allocator]
 static ALLOC: common::Counting = common::Counting::new();
@@ -34,7 +78,12 @@ fn warmed_up_training_step_allocates_nothing() {
             let logits = h.matmul(s.param(&store, w2));
             // Exercise more of the op set: softmax, reductions, shape ops, the same handle twice.
             let reg = (logits.softmax(-1) * logits.softmax(-1)).sum_axes(&[1], false).mean();
-            let loss = logits.cross_entropy(&labels) + reg * 0.01 + h.t().narrow(0, 0, 4).square().mean() * 0.001;
+            // A custom op, given the same handle twice (an extra gradient slot in backward).
+            let act = s.custom(&SavedMul, &[h, h]).mean() + s.custom(&SavedMul, &[logits, logits.tanh()]).mean();
+            let loss = logits.cross_entropy(&labels)
+                + reg * 0.01
+                + h.t().narrow(0, 0, 4).square().mean() * 0.001
+                + act * 0.001;
             s.backward_into(loss, &mut grads).unwrap();
             loss.item().unwrap()
         });

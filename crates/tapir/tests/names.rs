@@ -3,7 +3,47 @@
 //! DOT label is the kind's name. Composite methods report errors raised while recording
 //! under their own name, at the caller's line.
 
-use tapir::{BinaryFn, Error, Graph, OpKind, ParamStore, Scope, Tensor, UnaryFn, Var};
+use tapir::{
+    BinaryFn, CustomError, CustomInputs, CustomOp, Error, Graph, OpKind, ParamStore, Scope, Shape, Tensor, UnaryFn, Var,
+};
+
+/// The example of [`OpKind::Custom`]: `y = 2x`. A custom node is named by its own
+/// [`CustomOp::name`], not by the kind's `"custom"` (see [`name_of`]).
+struct Double;
+
+impl CustomOp<f64> for Double {
+    fn name(&self) -> &'static str {
+        "double"
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, CustomError> {
+        Ok(inputs[0])
+    }
+    fn forward(&self, x: CustomInputs<'_, f64>, out: &mut [f64], _: &mut [f64]) -> Result<(), CustomError> {
+        out.iter_mut().zip(x.value(0)).for_each(|(y, &x)| *y = 2.0 * x);
+        Ok(())
+    }
+    fn backward(
+        &self,
+        _: CustomInputs<'_, f64>,
+        _: &[f64],
+        _: &[f64],
+        dout: &[f64],
+        dx: &mut [Option<&mut [f64]>],
+    ) -> Result<(), CustomError> {
+        if let Some(dx) = dx[0].as_deref_mut() {
+            dx.iter_mut().zip(dout).for_each(|(d, &g)| *d += 2.0 * g);
+        }
+        Ok(())
+    }
+}
+
+/// The name a node of `kind` reports: the kind's, or for a custom op the op's own.
+fn name_of(kind: OpKind) -> &'static str {
+    match kind {
+        OpKind::Custom => CustomOp::<f64>::name(&Double),
+        _ => kind.name(),
+    }
+}
 
 /// The leaves every example reads: `x`, `y: [2, 3]` (values in (0.1, 0.9), inside every
 /// function's domain), `w: [3, 2]`, `img: [1, 1, 4, 4]`, `mask: [2, 3]` (no gradient).
@@ -93,6 +133,7 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         OpKind::Im2Col => img.im2col([2, 2], [1, 1], [0, 0]),
         OpKind::MaxPool2d => img.max_pool2d([2, 2], [2, 2], [0, 0]),
         OpKind::AvgPool2d => img.avg_pool2d([2, 2], [2, 2], [0, 0]),
+        OpKind::Custom => s.custom(&Double, &[x]),
         OpKind::Leaf | OpKind::Variable | OpKind::Param => unreachable!("leaves have examples of their own"),
         other => panic!("no example for {other:?}: add one"),
     }
@@ -149,7 +190,7 @@ fn dot_has_label(kind: OpKind) -> bool {
     g.scope(|s| {
         let y = example(s, &t, kind);
         let i = y.id().index();
-        s.to_dot().contains(&format!("n{i} [label=\"%{i} {}\\n", kind.name()))
+        s.to_dot().contains(&format!("n{i} [label=\"%{i} {}\\n", name_of(kind)))
     })
 }
 
@@ -159,19 +200,19 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
     for kind in OpKind::all() {
         kinds += 1;
         let e = forward_error(kind);
-        assert_eq!(e.op(), kind.name(), "forward error of {kind:?}: {e}");
+        assert_eq!(e.op(), name_of(kind), "forward error of {kind:?}: {e}");
         assert_eq!(e.location().map(|l| l.file()), Some(file!()), "{kind:?}: {e}");
         if is_leaf(kind) {
             continue; // no inputs, so no backward of their own
         }
         match backward_anomaly(kind) {
-            Error::NonFinite { op, phase: "backward", .. } => assert_eq!(op, kind.name(), "anomaly of {kind:?}"),
+            Error::NonFinite { op, phase: "backward", .. } => assert_eq!(op, name_of(kind), "anomaly of {kind:?}"),
             e => panic!("{kind:?}: expected a backward anomaly, got {e}"),
         }
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 24);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 25);
 }
 
 #[test]

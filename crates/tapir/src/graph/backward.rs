@@ -13,6 +13,7 @@ use crate::error::{Error, Loc, Result};
 use crate::graph::id::NodeMap;
 use crate::graph::tape::{recycle, Tape};
 use crate::graph::NodeId;
+use crate::ops::custom::CustomScratch;
 use crate::record::{alloc_error, BackwardCtx};
 use crate::storage::Arena;
 use crate::Float;
@@ -61,15 +62,19 @@ pub(crate) fn run<'s, T: Float>(
     let mut grads: NodeMap<'s, Option<&'s mut [T]>> =
         NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
-    let result = walk(tape, &mut grads, arena, par, (loss, seed), location, anomaly);
-    // Whether or not it failed, hand the buffer back: gradients computed so far stay readable.
+    let mut custom = std::mem::take(&mut tape.custom_scratch);
+    let result = walk(tape, &mut grads, &mut custom, arena, par, (loss, seed), location, anomaly);
+    // Whether or not it failed, hand the buffers back: gradients computed so far stay readable.
     tape.grads = grads.map(|g| g.map(|g| &*g));
+    tape.custom_scratch = custom.recycle();
     result
 }
 
+#[allow(clippy::too_many_arguments)] // the walk's whole state, passed once
 fn walk<'s, T: Float>(
     tape: &Tape<'s, T>,
     grads: &mut NodeMap<'s, Option<&'s mut [T]>>,
+    custom: &mut CustomScratch<'s, T>,
     arena: &'s Arena,
     par: Par,
     (loss, seed): (NodeId<'s>, Seed<'_, T>),
@@ -81,7 +86,7 @@ fn walk<'s, T: Float>(
         Seed::Given(g) => arena.alloc_iter(g.iter().copied()),
     };
     grads[loss] = Some(first.map_err(|e| alloc_error(e, "backward", location))?);
-    let mut ctx = BackwardCtx { tape, grads, arena, par, location };
+    let mut ctx = BackwardCtx { tape, grads, arena, custom, par, location };
     for id in tape.ids_through(loss).rev() {
         let node = tape.nodes[id.index()];
         if !node.requires_grad || ctx.grads[id].is_none() {
@@ -110,7 +115,7 @@ fn check_finite<'s, T: Float>(ctx: &BackwardCtx<'_, 's, T>, id: NodeId<'s>) -> R
     match bad {
         None => Ok(()),
         Some(x) => Err(Error::NonFinite {
-            op: op.name(),
+            op: tape.name_of(&op),
             phase: "backward",
             shape: tape.shape(x),
             location: tape.locs[id.index()],

@@ -98,7 +98,7 @@ impl<T: Float> Scope<'_, '_, T> {
         let mut ops: Vec<OpMemory> = Vec::new();
         for id in tape.ids() {
             let node = tape.node(id);
-            let op = node.op.name();
+            let op = tape.name_of(&node.op);
             let grad = tape.grads.get(id).copied().flatten().map_or(0, std::mem::size_of_val);
             let entry = match ops.iter().position(|o| o.op == op) {
                 Some(k) => &mut ops[k],
@@ -124,7 +124,7 @@ impl<T: Float> Scope<'_, '_, T> {
         let tape = self.core.tape.borrow();
         let mut s = String::new();
         for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
-            let _ = write!(s, "%{i} = {}", n.op.name());
+            let _ = write!(s, "%{i} = {}", tape.name_of(&n.op));
             tape.for_each_input(&n.op, |x| {
                 let _ = write!(s, " {x:?}");
             });
@@ -141,7 +141,7 @@ impl<T: Float> Scope<'_, '_, T> {
         let mut s = String::from("digraph tape {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n");
         for (i, n) in tape.nodes.iter().map(|n| tape.view(n)).enumerate() {
             let style = if n.requires_grad { ", style=filled, fillcolor=lightblue" } else { "" };
-            let _ = writeln!(s, "  n{i} [label=\"%{i} {}\\n{}\"{style}];", n.op.name(), n.shape);
+            let _ = writeln!(s, "  n{i} [label=\"%{i} {}\\n{}\"{style}];", tape.name_of(&n.op), n.shape);
             tape.for_each_input(&n.op, |x| {
                 let _ = writeln!(s, "  n{} -> n{i};", x.index());
             });

@@ -44,7 +44,7 @@ pub struct Graph<T: Float = f32> {
 pub struct GraphStats {
     /// Nodes on the tape.
     pub nodes: usize,
-    /// Bytes of tape (nodes and index payloads), beyond the values in the arena.
+    /// Bytes of tape (nodes, index payloads, custom-op entries), beyond the values in the arena.
     pub tape_bytes: usize,
     /// Arena use: bytes in use, high-water mark, capacity.
     pub arena: ArenaStats,

@@ -10,6 +10,7 @@
 use crate::error::{Error, Loc, Result};
 use crate::graph::id::NodeMap;
 use crate::graph::NodeId;
+use crate::ops::custom::{CustomEntry, CustomScratch};
 use crate::ops::{Inputs, Op};
 use crate::shape::Shape;
 
@@ -42,6 +43,10 @@ pub(crate) struct Tape<'s, T> {
     pub shapes: Vec<Shape>,
     /// Variable-length payloads: concat inputs, indices, labels.
     pub extra: Vec<u32>,
+    /// The custom-op side table: `Op::Custom { table, .. }` is row `table`.
+    pub custom: Vec<CustomEntry<'s, T>>,
+    /// The lists custom ops' callbacks read and write, reused from op to op.
+    pub custom_scratch: CustomScratch<'s, T>,
     /// Where each node was recorded; filled only while anomaly detection is on.
     pub locs: Vec<Loc>,
     /// Gradients after a backward pass (`None`: none reached the node).
@@ -60,6 +65,8 @@ pub(crate) struct Spare<T: 'static> {
     nodes: Vec<Node<'static, T>>,
     shapes: Vec<Shape>,
     extra: Vec<u32>,
+    custom: Vec<CustomEntry<'static, T>>,
+    custom_scratch: CustomScratch<'static, T>,
     locs: Vec<Loc>,
     grads: Vec<Option<&'static [T]>>,
 }
@@ -79,6 +86,8 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             nodes: recycle(std::mem::take(&mut spare.nodes)),
             shapes: std::mem::take(&mut spare.shapes),
             extra: std::mem::take(&mut spare.extra),
+            custom: recycle(std::mem::take(&mut spare.custom)),
+            custom_scratch: std::mem::take(&mut spare.custom_scratch).recycle(),
             locs: std::mem::take(&mut spare.locs),
             grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
             error: None,
@@ -105,6 +114,8 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);
         spare.extra.clear();
+        spare.custom = recycle(std::mem::take(&mut self.custom));
+        spare.custom_scratch = std::mem::take(&mut self.custom_scratch).recycle();
         spare.locs = std::mem::take(&mut self.locs);
         spare.locs.clear();
     }
@@ -181,6 +192,14 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         })
     }
 
+    /// The name of `op` in errors and reports: a custom op's own, else its kind's.
+    pub(crate) fn name_of(&self, op: &Op<'s, T>) -> &'static str {
+        match *op {
+            Op::Custom { table, .. } => self.custom[table as usize].name,
+            _ => op.name(),
+        }
+    }
+
     /// Node `id` with its shape, or `None` for an id this tape never minted (the poisoned
     /// handle's).
     pub(crate) fn get(&self, id: NodeId<'s>) -> Option<NodeView<'s, T>> {
@@ -216,11 +235,13 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         self.shapes[self.nodes[id.index()].shape as usize]
     }
 
-    /// Bytes of tape beyond the values: nodes, the shape table and index payloads.
+    /// Bytes of tape beyond the values: nodes, the shape table, index payloads and the
+    /// custom-op side table.
     pub(crate) fn bytes(&self) -> usize {
         self.nodes.len() * std::mem::size_of::<Node<'_, T>>()
             + self.shapes.len() * std::mem::size_of::<Shape>()
             + self.extra.len() * 4
+            + self.custom.len() * std::mem::size_of::<CustomEntry<'_, T>>()
     }
 }
 

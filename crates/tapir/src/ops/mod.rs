@@ -12,6 +12,7 @@
 //! | `softmax.rs`   | `softmax`, `log_softmax`                                                  |
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `max_pool2d`, `avg_pool2d`                                      |
+//! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
 //!
 //! Variants hold `NodeId`s and small `Copy` scalars. Variable-length payloads (concat
 //! inputs, indices, labels, window geometry) live in the tape's `extra` list of `u32`s and
@@ -22,6 +23,7 @@
 
 pub(crate) mod binary;
 pub(crate) mod conv;
+pub(crate) mod custom;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
@@ -30,6 +32,7 @@ pub(crate) mod softmax;
 pub(crate) mod unary;
 
 pub use binary::BinaryFn;
+pub use custom::{CustomError, CustomInputs, CustomOp};
 pub use unary::UnaryFn;
 
 use crate::error::Result;
@@ -125,6 +128,9 @@ op_kinds! {
     MaxPool2d => "max_pool2d",
     /// 2-D average pooling.
     AvgPool2d => "avg_pool2d",
+    /// A user-defined op ([`CustomOp`]). `"custom"` is the kind's name only: errors,
+    /// anomaly reports, dumps and memory reports name each node by [`CustomOp::name`].
+    Custom => "custom",
 }
 
 /// One recorded operation.
@@ -238,6 +244,13 @@ pub(crate) enum Op<'s, T> {
         x: NodeId<'s>,
         geom: u32,
     },
+    /// A user-defined op: row `table` of the tape's side table; inputs are the ids stored
+    /// at `first`.
+    Custom {
+        table: u32,
+        first: u32,
+        count: u32,
+    },
 }
 
 /// Where an op's inputs are: in the variant, or stored on the tape (see `Tape::for_each_input`).
@@ -279,10 +292,12 @@ impl<'s, T> Op<'s, T> {
             Im2Col { .. } => OpKind::Im2Col,
             MaxPool2d { .. } => OpKind::MaxPool2d,
             AvgPool2d { .. } => OpKind::AvgPool2d,
+            Custom { .. } => OpKind::Custom,
         }
     }
 
-    /// The op's public name, as in error messages and graph dumps.
+    /// The op's kind's name; a custom op's own name is in the tape's side table
+    /// (`Tape::name_of`).
     pub(crate) fn name(&self) -> &'static str {
         self.kind().name()
     }
@@ -298,7 +313,7 @@ impl<'s, T> Op<'s, T> {
             Binary { a, b, .. } | MatMul { a, b } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
-            Concat { first, count, .. } => Inputs::Stored { at: first, count },
+            Concat { first, count, .. } | Custom { first, count, .. } => Inputs::Stored { at: first, count },
             Unary { x, .. }
             | Reshape { x }
             | Permute { x, .. }
@@ -351,6 +366,7 @@ impl<'s, T: Float> Op<'s, T> {
             Im2Col { x, geom } => conv::backward_im2col(ctx, out, x, geom),
             MaxPool2d { x, geom } => conv::backward_max_pool2d(ctx, out, x, geom),
             AvgPool2d { x, geom } => conv::backward_avg_pool2d(ctx, out, x, geom),
+            Custom { table, first, count } => custom::backward(ctx, out, table, first, count),
         }
     }
 }

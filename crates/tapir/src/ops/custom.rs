@@ -555,6 +555,7 @@ fn forward<'s, T: Float>(
 
 /// Calls the op's backward with the gradient slots of its inputs, taken out of the
 /// gradient map for the call and put back (added, for an input given twice) afterwards.
+#[inline(never)]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

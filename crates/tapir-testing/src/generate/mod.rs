@@ -35,7 +35,7 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
     let mut leaves = vec![];
     for _ in 0..g.u.range(1, 3) {
         let dims = g.small_dims();
-        let data = g.data(dims.iter().product());
+        let data = g.data(model::numel(&dims));
         let grad = g.u.chance(3, 4);
         g.shapes.push(dims.clone());
         leaves.push(Leaf { dims, data, grad });
@@ -154,8 +154,8 @@ impl Gen<'_> {
 
     fn constant(&mut self, dims: Vec<usize>) -> usize {
         // A partner for a huge value (an im2col with a huge padding) would be huge too.
-        let dims = if dims.iter().product::<usize>() > 1 << 12 { vec![] } else { dims };
-        let data = self.data(dims.iter().product());
+        let dims = if model::numel(&dims) > 1 << 12 { vec![] } else { dims };
+        let data = self.data(model::numel(&dims));
         self.push(Step::Const { dims, data })
     }
 

@@ -109,8 +109,15 @@ impl<'s, T: Float> Var<'s, T> {
             Ok(mask) => mask,
             Err(e) => return self.core.fail(e),
         };
+        // Axes of nonzero size first: reducing a zero-size axis of an empty tensor to size 1
+        // while huge axes remain could make an intermediate shape too large, although the
+        // result (with those axes reduced too) is valid. For a nonempty tensor this is the
+        // plain ascending order.
         let mut v = self;
-        for ax in (0..shape.rank()).filter(|&ax| mask[ax]) {
+        let nonzero_first = (0..shape.rank())
+            .filter(|&ax| shape.dim(ax) != 0)
+            .chain((0..shape.rank()).filter(|&ax| shape.dim(ax) == 0));
+        for ax in nonzero_first.filter(|&ax| mask[ax]) {
             v = v.axis_op(kind, ax, op);
         }
         if keepdim {

@@ -262,3 +262,51 @@ fn composites_report_their_own_name_at_the_callers_line() {
     let (line, e) = g.scope(|s| (line!(), s.leaf(&t.x).mean().value().expect_err("no room for the sum")));
     assert_eq!((e.op(), e.location().map(|l| l.line())), ("mean", Some(line)), "{e}");
 }
+
+/// The NaN sweep over the whole op table: with every input element NaN, every kind's
+/// output holds a NaN (nothing swallows it, see the NaN table in `docs/robustness.md`),
+/// and backward through it runs to the end without panicking.
+#[test]
+fn every_kind_propagates_nan() {
+    let mut t = Inputs::new();
+    for v in [&mut t.x, &mut t.y, &mut t.w, &mut t.img] {
+        v.data_mut().fill(f64::NAN);
+    }
+    let mut g = Graph::<f64>::new();
+    for kind in OpKind::all().filter(|&k| !is_leaf(k)) {
+        g.scope(|s| {
+            let y = example(s, &t, kind);
+            let value = y.value().unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            assert!(value.iter().any(|v| v.is_nan()), "{kind:?} swallowed NaN: {value:?}");
+            let seed = vec![1.0; value.len()];
+            s.backward_with(y, &seed).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        });
+    }
+}
+
+/// The same sweep with `±∞` inputs: every kind records and differentiates without a panic
+/// or an error (values may be finite: `tanh(∞) = 1`), and anomaly detection, when on,
+/// reports the first kind that makes a non-finite value instead.
+#[test]
+fn every_kind_takes_infinities() {
+    for inf in [f64::INFINITY, f64::NEG_INFINITY] {
+        let mut t = Inputs::new();
+        for v in [&mut t.x, &mut t.y, &mut t.w, &mut t.img] {
+            v.data_mut().fill(inf);
+        }
+        let mut g = Graph::<f64>::new();
+        for kind in OpKind::all().filter(|&k| !is_leaf(k)) {
+            g.scope(|s| {
+                let y = example(s, &t, kind);
+                let n = y.value().unwrap_or_else(|e| panic!("{kind:?}: {e}")).len();
+                s.backward_with(y, &vec![1.0; n]).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            });
+        }
+        g.set_anomaly_detection(true);
+        let e = g.scope(|s| {
+            let _ = s.leaf(&t.x);
+            s.check().err()
+        });
+        assert!(matches!(e, Some(Error::NonFinite { op: "variable", .. })), "{e:?}");
+    }
+}

@@ -5,7 +5,7 @@
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Loc, Result};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::Float;
@@ -20,6 +20,38 @@ pub struct ParamId {
 }
 
 impl ParamId {
+    /// This id's position in a container of `len` entries belonging to store `store`, or
+    /// the typed error of `op`: [`Error::WrongStore`] for an id of another store,
+    /// [`Error::UnknownParam`] for a position past the end. Shared by the store and the
+    /// gradient buffer.
+    fn resolve(
+        self,
+        op: &'static str,
+        store: u64,
+        len: usize,
+        holder: &str,
+        unit: &str,
+        location: Loc,
+    ) -> Result<usize> {
+        if self.store != store {
+            return Err(Error::WrongStore {
+                op,
+                what: format!("parameter #{}", self.index),
+                expected: self.store,
+                found: store,
+                location,
+            });
+        }
+        if self.index() >= len {
+            return Err(Error::UnknownParam {
+                op,
+                detail: format!("parameter #{} is not in {holder} {len} {unit}", self.index),
+                location,
+            });
+        }
+        Ok(self.index())
+    }
+
     /// Position in the store.
     pub fn index(self) -> usize {
         self.index as usize
@@ -126,24 +158,7 @@ impl<T: Float> ParamStore<T> {
     /// past the end (a store cannot shrink, so only a clone's later additions can do that).
     #[track_caller]
     pub fn check(&self, op: &'static str, id: ParamId) -> Result<usize> {
-        let location = Location::caller();
-        if id.store != self.id {
-            return Err(Error::WrongStore {
-                op,
-                what: format!("parameter #{}", id.index),
-                expected: id.store,
-                found: self.id,
-                location,
-            });
-        }
-        if id.index() >= self.tensors.len() {
-            return Err(Error::UnknownParam {
-                op,
-                detail: format!("parameter #{} is not in this store of {} parameters", id.index, self.tensors.len()),
-                location,
-            });
-        }
-        Ok(id.index())
+        id.resolve(op, self.id, self.tensors.len(), "this store of", "parameters", Location::caller())
     }
 
     /// The parameter `id`.
@@ -271,24 +286,7 @@ impl<T: Float> GradBuffer<T> {
 
     #[track_caller]
     fn slot_index(&self, op: &'static str, id: ParamId) -> Result<usize> {
-        let location = Location::caller();
-        if id.store != self.store {
-            return Err(Error::WrongStore {
-                op,
-                what: format!("parameter #{}", id.index),
-                expected: id.store,
-                found: self.store,
-                location,
-            });
-        }
-        if id.index() >= self.slots.len() {
-            return Err(Error::UnknownParam {
-                op,
-                detail: format!("parameter #{} has no slot in this buffer of {} slots", id.index, self.slots.len()),
-                location,
-            });
-        }
-        Ok(id.index())
+        id.resolve(op, self.store, self.slots.len(), "this buffer of", "slots", Location::caller())
     }
 
     /// The gradient of parameter `id`.

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::graph::{NodeId, Var};
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
 use crate::ops::{Op, OpKind};
-use crate::record::BackwardCtx;
+use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -46,6 +46,25 @@ pub(crate) fn backward<'s, T: Float>(
     }
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
         kmatmul::backward_b(&dims, dout, va, db, par);
+    }
+    Ok(())
+}
+
+/// Recorded derivative: `da = g · bᵀ`, `db = aᵀ · g`, each summed over broadcast batch
+/// dimensions.
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
+    let (va, vb) = (ctx.var(a), ctx.var(b));
+    if ctx.wants(a) {
+        ctx.add_reduced(a, g.matmul(vb.t()));
+    }
+    if ctx.wants(b) {
+        ctx.add_reduced(b, va.t().matmul(g));
     }
     Ok(())
 }

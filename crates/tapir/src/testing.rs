@@ -156,6 +156,7 @@ where
 ///
 /// # Errors
 /// [`GradcheckError`] on the first disagreement or failure.
+#[allow(clippy::needless_range_loop)] // `index` addresses the input, its copy and the result alike.
 pub fn gradgradcheck<F>(inputs: &[Tensor<f64>], opts: GradcheckOptions, f: F) -> Result<GradcheckReport, GradcheckError>
 where
     F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,

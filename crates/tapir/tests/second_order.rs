@@ -1,5 +1,6 @@
 //! Second and higher derivatives through [`Scope::grad`]: every op kind against the fast
 //! backward and finite differences, and closed forms.
+#![allow(clippy::needless_range_loop)] // indices address several arrays alike
 
 use tapir::testing::{gradcheck, gradgradcheck, GradcheckOptions};
 use tapir::{BinaryFn, CustomError, CustomInputs, CustomOp, Error, Graph, OpKind, Scope, Shape, Tensor, UnaryFn, Var};
@@ -33,7 +34,13 @@ impl CustomOp<f64> for Double {
         }
         Ok(())
     }
-    fn grad<'s>(&self, _: &[Var<'s, f64>], _: Var<'s, f64>, dout: Var<'s, f64>, dx: &mut [Option<Var<'s, f64>>]) -> bool {
+    fn grad<'s>(
+        &self,
+        _: &[Var<'s, f64>],
+        _: Var<'s, f64>,
+        dout: Var<'s, f64>,
+        dx: &mut [Option<Var<'s, f64>>],
+    ) -> bool {
         if self.hook {
             dx[0] = Some(dout * 2.0);
         }
@@ -186,4 +193,128 @@ fn third_derivative_of_x4() {
         assert!((d2[i] - 12.0 * v * v).abs() < 1e-12);
         assert!((d3[i] - 24.0 * v).abs() < 1e-12);
     }
+}
+
+#[test]
+fn hessian_of_a_quadratic_form_is_a_plus_a_transpose() {
+    // f = xᵀAx: ∇f = (A + Aᵀ)x, ∇²f = A + Aᵀ.
+    let n = 4;
+    let a: Vec<f64> = (0..n * n).map(|i| ((i * 5) % 7) as f64 - 2.5).collect();
+    let at = Tensor::from_vec(a.clone(), &[n, n]).unwrap();
+    let x = Tensor::from_vec(vec![0.3, -1.1, 2.0, 0.7], &[n]).unwrap();
+    let mut g = Graph::<f64>::new();
+    let h = tapir::func::hessian(&mut g, &x, |s, x| {
+        let col = x.reshape(&[n, 1]);
+        col.t().matmul(s.input(&at)).matmul(col).sum()
+    })
+    .unwrap();
+    assert_eq!(h.shape().dims(), &[4, 4]);
+    for i in 0..n {
+        for j in 0..n {
+            assert_eq!(h.data()[i * n + j], a[i * n + j] + a[j * n + i], "({i}, {j})");
+        }
+    }
+}
+
+#[test]
+fn hessian_of_logsumexp_is_diag_p_minus_p_p_transpose() {
+    // f = ln Σ eˣ: ∇f = p = softmax(x), ∇²f = diag(p) − ppᵀ.
+    let xs = [0.4f64, -1.3, 2.2, 0.1, -0.5];
+    let n = xs.len();
+    let x = Tensor::from_vec(xs.to_vec(), &[n]).unwrap();
+    let z: f64 = xs.iter().map(|v| v.exp()).sum();
+    let p: Vec<f64> = xs.iter().map(|v| v.exp() / z).collect();
+    let mut g = Graph::<f64>::new();
+    let h = tapir::func::hessian(&mut g, &x, |_, x| x.logsumexp(0, false)).unwrap();
+    for i in 0..n {
+        for j in 0..n {
+            let expected = if i == j { p[i] } else { 0.0 } - p[i] * p[j];
+            assert!((h.data()[i * n + j] - expected).abs() < 1e-14, "({i}, {j})");
+        }
+    }
+    // The same through the f32 path, looser.
+    let x32 = Tensor::from_vec(xs.iter().map(|&v| v as f32).collect(), &[n]).unwrap();
+    let mut g32 = Graph::<f32>::new();
+    let h32 = tapir::func::hessian(&mut g32, &x32, |_, x| x.logsumexp(0, false)).unwrap();
+    for (i, &v) in h32.data().iter().enumerate() {
+        let expected = if i / n == i % n { p[i / n] } else { 0.0 } - p[i / n] * p[i % n];
+        assert!((f64::from(v) - expected).abs() < 1e-6, "{i}");
+    }
+}
+
+#[test]
+fn jvp_and_jacobian_agree_with_a_closed_form() {
+    // f = sin(x) ⊙ x: J = diag(cos x ⊙ x + sin x).
+    let xs = [0.3f64, -0.8, 1.7];
+    let x = Tensor::from_vec(xs.to_vec(), &[3]).unwrap();
+    let v = Tensor::from_vec(vec![1.0, -2.0, 0.5], &[3]).unwrap();
+    let d: Vec<f64> = xs.iter().map(|&x| x.cos() * x + x.sin()).collect();
+    let mut g = Graph::<f64>::new();
+    let (y, jv) = tapir::func::jvp(&mut g, &x, &v, |_, x| x.sin() * x).unwrap();
+    let j = tapir::func::jacobian(&mut g, &x, |_, x| x.sin() * x).unwrap();
+    for i in 0..3 {
+        assert!((y.data()[i] - xs[i].sin() * xs[i]).abs() < 1e-15);
+        assert!((jv.data()[i] - d[i] * v.data()[i]).abs() < 1e-14);
+        for k in 0..3 {
+            let expected = if i == k { d[i] } else { 0.0 };
+            assert!((j.data()[i * 3 + k] - expected).abs() < 1e-14);
+        }
+    }
+    // hvp of Σ x⁴/12: H = diag(x²).
+    let hv = tapir::func::hvp(&mut g, &x, &v, |_, x| x.powf(4.0).sum() * (1.0 / 12.0)).unwrap();
+    for i in 0..3 {
+        assert!((hv.data()[i] - xs[i] * xs[i] * v.data()[i]).abs() < 1e-14);
+    }
+}
+
+#[test]
+fn grad_semantics_and_errors() {
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], &[2]).unwrap();
+    let c = Tensor::from_vec(vec![3.0f64], &[1]).unwrap();
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let (xv, cv, unused) = (s.leaf(&x), s.input(&c), s.leaf(&c));
+        let y = (xv * xv).sum() * 3.0;
+        // Unreached and no-gradient inputs get zeros of their shape.
+        let [dx, dc, du] = s.grad(y, [xv, cv, unused]).unwrap();
+        assert_eq!(dx.value().unwrap(), &[6.0, 12.0]);
+        assert_eq!((dc.value().unwrap(), du.value().unwrap()), (&[0.0][..], &[0.0][..]));
+        assert!(!du.requires_grad());
+        // Not consumed: backward still works afterwards, and so does grad.
+        let line = line!() + 1;
+        let e = s.grad(xv * 2.0, [xv]).unwrap_err();
+        assert!(matches!(e, Error::NotScalar { op: "grad", .. }), "{e}");
+        assert_eq!(e.location().map(|l| (l.file(), l.line())), Some((file!(), line)));
+        let mut out = [dx; 1];
+        let e = s.grad_into(y, &[xv, xv], &mut out).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { op: "grad_into", .. }), "{e}");
+        let e = s.vjp(xv * 2.0, s.zeros(&[3]), [xv]).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { op: "vjp", .. }), "{e}");
+        s.backward(y).unwrap();
+        assert_eq!(xv.grad().unwrap(), &[6.0, 12.0]);
+        let e = s.grad(y, [xv]).unwrap_err();
+        assert!(matches!(e, Error::BackwardTwice { .. }), "{e}");
+    });
+}
+
+#[test]
+fn custom_op_without_a_recorded_derivative_is_a_typed_error() {
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], &[2]).unwrap();
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let xv = s.leaf(&x);
+        let y = s.custom(&Double { hook: false }, &[xv]).square().sum();
+        let line = line!() + 1;
+        let e = s.grad(y, [xv]).unwrap_err();
+        match &e {
+            Error::SecondOrderUnsupported { op: "grad", custom: "double", inputs, location } => {
+                assert_eq!(inputs, &[x.shape()]);
+                assert_eq!((location.file(), location.line()), (file!(), line));
+            }
+            _ => panic!("{e}"),
+        }
+        // The fast backward is unaffected.
+        s.backward(y).unwrap();
+        assert_eq!(xv.grad().unwrap(), &[8.0, 16.0]); // y = Σ (2x)², dy/dx = 8x
+    });
 }

@@ -48,11 +48,13 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod functional;
 pub mod init;
 pub mod io;
 pub mod layer;
 pub mod optim;
 
+pub use functional::{flat_len, flatten_params, unflatten_params};
 pub use init::Init;
 pub use layer::{
     Activation, AvgPool2d, CausalSelfAttention, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig, LayerNorm,

@@ -23,13 +23,29 @@ pub use transformer::{Gpt, GptConfig, PositionalEmbedding, TransformerBlock};
 
 use tapir::{Float, ParamId, ParamStore, Scope, Var};
 
-/// What a layer sees during one scope: the scope, the store holding the parameters, and
-/// whether the model is training (dropout active) or evaluating.
+/// What a layer sees during one scope: the scope, the store holding the parameters,
+/// whether the model is training (dropout active) or evaluating, and, for a functional
+/// call ([`Ctx::with_params`]), handles that replace some of the stored parameters.
 pub struct Ctx<'s, 'g: 's, T: Float> {
     scope: &'s Scope<'s, 'g, T>,
     store: &'g ParamStore<T>,
     train: bool,
+    overrides: Option<Overrides<'s, 'g, T>>,
 }
+
+/// The parameters `ids` replaced by consecutive blocks of the flat handle `flat`.
+struct Overrides<'s, 'g, T: Float> {
+    flat: Var<'s, T>,
+    ids: &'g [ParamId],
+}
+
+impl<T: Float> Clone for Overrides<'_, '_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Float> Copy for Overrides<'_, '_, T> {}
 
 impl<T: Float> Clone for Ctx<'_, '_, T> {
     fn clone(&self) -> Self {
@@ -42,12 +58,51 @@ impl<T: Float> Copy for Ctx<'_, '_, T> {}
 impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
     /// A training context: dropout is active.
     pub fn train(scope: &'s Scope<'s, 'g, T>, store: &'g ParamStore<T>) -> Self {
-        Ctx { scope, store, train: true }
+        Ctx { scope, store, train: true, overrides: None }
     }
 
     /// An evaluation context: dropout is the identity.
     pub fn eval(scope: &'s Scope<'s, 'g, T>, store: &'g ParamStore<T>) -> Self {
-        Ctx { scope, store, train: false }
+        Ctx { scope, store, train: false, overrides: None }
+    }
+
+    /// A functional call (PyTorch's `torch.func.functional_call`): the same context, but
+    /// parameters `ids` are read from the handle `flat` instead of the store, so that a
+    /// model can run at parameters computed in this scope, for example MAML's adapted
+    /// `θ' = θ − α∇L(θ)`, and gradients flow back through them. `flat` holds the `ids`'
+    /// tensors flattened and concatenated in the order of `ids` (as
+    /// [`flatten_params`](crate::flatten_params) lays them out), so it has
+    /// [`flat_len`](crate::flat_len)`(store, ids)` elements. Parameters not in `ids` still
+    /// come from the store.
+    ///
+    /// A `flat` with the wrong number of elements poisons the scope with `reshape`'s
+    /// [`tapir::Error::InvalidShape`] at the first parameter read, and an id
+    /// foreign to the store with [`tapir::Error::UnknownParam`].
+    ///
+    /// ```
+    /// use rand::SeedableRng;
+    /// use tapir::{Graph, ParamStore, Tensor};
+    /// use tapir_nn::{flatten_params, Ctx, Linear, Module};
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    /// let mut store = ParamStore::<f64>::new();
+    /// let fc = Linear::new(&mut store, "fc", 2, 1, &mut rng)?;
+    /// let ids = [fc.weight, fc.bias.unwrap()];
+    /// let theta = flatten_params(&store, &ids)?; // [w0, w1, b]
+    /// let x = Tensor::from_vec(vec![1.0, 2.0], &[1, 2])?;
+    /// let mut graph = Graph::new();
+    /// let (y, y_store) = graph.scope(|s| {
+    ///     let t = s.leaf(&theta);
+    ///     let doubled = Ctx::eval(s, &store).with_params(t * 2.0, &ids);
+    ///     let y = fc.forward(doubled, s.input(&x)).item()?;
+    ///     Ok::<_, tapir::Error>((y, fc.forward(Ctx::eval(s, &store), s.input(&x)).item()?))
+    /// })?;
+    /// assert!((y - 2.0 * y_store).abs() < 1e-12); // every parameter doubled
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_params(self, flat: Var<'s, T>, ids: &'g [ParamId]) -> Self {
+        Ctx { overrides: Some(Overrides { flat, ids }), ..self }
     }
 
     /// The scope.
@@ -65,11 +120,39 @@ impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
         self.train
     }
 
-    /// Parameter `id` as a leaf of the scope (no copy); an id foreign to the store poisons
-    /// the scope with [`tapir::Error::UnknownParam`].
+    /// Parameter `id` as a leaf of the scope (no copy), or its block of the handle given to
+    /// [`with_params`](Ctx::with_params); an id foreign to the store poisons the scope
+    /// with [`tapir::Error::UnknownParam`].
     #[track_caller]
     pub fn param(self, id: ParamId) -> Var<'s, T> {
-        self.scope.param(self.store, id)
+        match self.overrides {
+            Some(o) if o.ids.contains(&id) => self.overridden(o, id),
+            _ => self.scope.param(self.store, id),
+        }
+    }
+
+    /// `id`'s block of the flat override, reshaped to the stored tensor's shape.
+    #[track_caller]
+    fn overridden(self, o: Overrides<'s, 'g, T>, id: ParamId) -> Var<'s, T> {
+        let mut start = 0;
+        for &other in o.ids {
+            if other == id {
+                break;
+            }
+            match self.store.get(other) {
+                Ok(t) => start += t.numel(),
+                // Reading the foreign id through the store poisons the scope with its error.
+                Err(_) => return self.scope.param(self.store, other),
+            }
+        }
+        let t = match self.store.get(id) {
+            Ok(t) => t,
+            Err(_) => return self.scope.param(self.store, id),
+        };
+        // A flat handle of the wrong size poisons the scope through `reshape`'s error.
+        let total = crate::flat_len(self.store, o.ids).unwrap_or(0);
+        let (dims, rank) = crate::dims(t.shape());
+        o.flat.reshape(&[total]).narrow(0, start, t.numel()).reshape(&dims[..rank])
     }
 }
 

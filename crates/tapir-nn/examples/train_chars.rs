@@ -36,6 +36,10 @@ use tapir::{Graph, ParamStore, Tensor};
 use tapir_nn::optim::{clip_grad_norm, AdamW, CosineWarmup, Optimizer, Schedule};
 use tapir_nn::{io, Ctx, Gpt, GptConfig};
 
+#[path = "common/font.rs"]
+mod font;
+use font::register_font;
+
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 const TEXT: &[u8] = include_bytes!("chars/fortunes.txt.gz");
@@ -368,30 +372,6 @@ fn write_interop_check(
         out.display()
     );
     Ok(())
-}
-
-/// Registers a system TrueType font with plotters, if one of the usual ones exists; the
-/// plot is drawn without text otherwise, so the example needs no font to run.
-fn register_font() -> bool {
-    const CANDIDATES: &[&str] = &[
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        "/Library/Fonts/Arial.ttf",
-        "/System/Library/Fonts/Supplemental/Arial.ttf",
-        "C:\\Windows\\Fonts\\arial.ttf",
-    ];
-    for path in CANDIDATES {
-        if let Ok(bytes) = std::fs::read(path) {
-            // plotters keeps fonts for the life of the process.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes).is_ok() {
-                return true;
-            }
-        }
-    }
-    false
 }
 
 fn plot_history(h: &History, bigram: f64, path: &Path) -> Result<()> {

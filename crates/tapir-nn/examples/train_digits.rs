@@ -30,6 +30,10 @@ use tapir::{Graph, ParamStore, Tensor};
 use tapir_nn::optim::{Adam, CosineWarmup, Optimizer, Schedule};
 use tapir_nn::{io, Activation, Conv2d, Ctx, Flatten, Linear, MaxPool2d, Mlp, Module, Sequential};
 
+#[path = "common/font.rs"]
+mod font;
+use font::register_font;
+
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 const DIGITS: &[u8] = include_bytes!("../data/digits.csv.gz");
@@ -273,30 +277,6 @@ fn write_dot(dot: String, out: &Path, name: &str) {
         Ok(()) => println!("wrote {} (render with `dot -Tsvg`)", path.display()),
         Err(e) => eprintln!("cannot write {}: {e}", path.display()),
     }
-}
-
-/// Registers a system TrueType font with plotters, if one of the usual ones exists; the
-/// plot is drawn without text otherwise, so the example needs no font to run.
-fn register_font() -> bool {
-    const CANDIDATES: &[&str] = &[
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        "/Library/Fonts/Arial.ttf",
-        "/System/Library/Fonts/Supplemental/Arial.ttf",
-        "C:\\Windows\\Fonts\\arial.ttf",
-    ];
-    for path in CANDIDATES {
-        if let Ok(bytes) = std::fs::read(path) {
-            // plotters keeps fonts for the life of the process.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes).is_ok() {
-                return true;
-            }
-        }
-    }
-    false
 }
 
 fn plot_history(h: &History, path: &Path, name: &str) -> Result<()> {

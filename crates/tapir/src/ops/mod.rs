@@ -137,7 +137,7 @@ op_kinds! {
     /// 2-D average pooling.
     AvgPool2d => "avg_pool2d",
     /// Zero padding along one axis: the adjoint of `narrow` (its recorded derivative).
-    Pad => "pad",
+    Pad => "pad_axis",
     /// Scatter-add of slices along an axis into zeros: the adjoint of `index_select`.
     ScatterAdd => "scatter_add",
     /// Columns folded back onto an image, overlaps summed: the adjoint of `im2col`.

@@ -36,7 +36,7 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
-# W1-W6 and W10 on Tapir, faer direct, candle, burn and PyTorch (if importable), one table (~25 min on 2 cores). ARGS: --help.
+# W1-W7 and W10 on Tapir, faer direct, candle, burn and PyTorch (if importable), one table (~25 min on 2 cores). ARGS: --help.
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}
 

@@ -1,9 +1,10 @@
 //! W2: one MLP training step (forward, cross-entropy, backward into a reused gradient
-//! buffer, SGD in place) with the arena reused across steps, against its eight GEMMs on faer.
+//! buffer, SGD in place) with the arena reused across steps, against its eight GEMMs on faer;
+//! W7: the Hessian-vector product of the same loss over all parameters, beside its gradient.
 
 use std::time::Duration;
 
-use benches::{graph, par, threads, FaerMlp, Mlp, MLP_BATCH};
+use benches::{graph, par, threads, FaerMlp, Mlp, MlpHvp, MLP_BATCH};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
@@ -21,5 +22,20 @@ fn w2_mlp_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, w2_mlp_step);
+/// W7: the Hessian-vector product of W2's loss over all parameters, beside the gradient
+/// from `backward_into` (report time(hvp)/time(gradient)).
+fn w7_mlp_hvp(c: &mut Criterion) {
+    let t = threads();
+    let mut g = graph(t);
+    let mut group = c.benchmark_group(format!("w7_mlp_hvp_t{t}"));
+    group.sample_size(10).measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(MLP_BATCH as u64));
+    let mut m = MlpHvp::new();
+    group.bench_function("gradient", |b| b.iter(|| black_box(m.grad(&mut g))));
+    let mut out = m.out();
+    group.bench_function("hvp", |b| b.iter(|| black_box(m.hvp(&mut g, &mut out))));
+    group.finish();
+}
+
+criterion_group!(benches, w2_mlp_step, w7_mlp_hvp);
 criterion_main!(benches);

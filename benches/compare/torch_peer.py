@@ -100,6 +100,48 @@ def w2():
     emit("w2_peak_mib", peak_mib())
 
 
+def w7():
+    """The Hessian-vector product of W2's loss over all parameters by double backward
+    (`create_graph=True`), beside the plain gradient; they alternate, 3 warm-up rounds."""
+    m = Mlp()
+    gen = torch.Generator().manual_seed(7)
+    vs = [torch.randn(p.shape, generator=gen) for p in m.params]
+
+    def loss():
+        h = m.x
+        for i in range(0, len(m.params), 2):
+            h = h @ m.params[i] + m.params[i + 1]
+            if i + 2 < len(m.params):
+                h = torch.relu(h)
+        return torch.nn.functional.cross_entropy(h, m.labels)
+
+    def grad():
+        gs = torch.autograd.grad(loss(), m.params)
+        return float(gs[0][0, 0])
+
+    def hvp():
+        gs = torch.autograd.grad(loss(), m.params, create_graph=True)
+        dot = sum((g * v).sum() for g, v in zip(gs, vs))
+        hv = torch.autograd.grad(dot, m.params)
+        return float(sum((h * v).sum() for h, v in zip(hv, vs)))
+
+    gt, ht = [], []
+    for i in range(1, 16):
+        t = time.perf_counter()
+        grad()
+        t1 = time.perf_counter()
+        hvp()
+        t2 = time.perf_counter()
+        if i > 3:
+            gt.append((t1 - t) * 1e3)
+            ht.append((t2 - t1) * 1e3)
+    g, h = statistics.median(gt), statistics.median(ht)
+    emit("w7_grad_ms", g)
+    emit("w7_hvp_ms", h)
+    emit("w7_hvp_over_grad", h / g)
+    emit("w7_peak_mib", peak_mib())
+
+
 def w5(steps):
     m, at = Mlp(), []
     for step in range(1, steps + 1):
@@ -220,6 +262,7 @@ def main():
         "W4": w4,
         "W5": lambda: w5(w5_steps),
         "W6": lambda: None,
+        "W7": w7,
         "W10": lambda: w10(w5_steps),
     }[workload]()
 

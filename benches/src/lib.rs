@@ -1,4 +1,4 @@
-//! The Tapir side of the benchmark workloads W1–W6 and their faer-direct baselines, shared
+//! The Tapir side of the benchmark workloads W1–W7 and their faer-direct baselines, shared
 //! by the criterion benches (`cargo bench -p benches`) and the comparison runner
 //! (`benches/compare`, `just compare`), so that both measure exactly the same code.
 //!
@@ -10,6 +10,7 @@
 //! | W4       | ending the scope after backward on a tape of 10^3..10^6 tiny nodes        |
 //! | W5       | the W2 step 2,000 times, resident memory along the way                    |
 //! | W6       | tape and arena bytes per recorded node ([`bytes_per_node`])               |
+//! | W7       | Hessian-vector product of W2's loss over all parameters, and its gradient ([`MlpHvp`]) |
 //!
 //! The baselines ([`FaerSeedLoop`], [`FaerMlp`]) run the same GEMMs straight on faer with
 //! preallocated outputs: the best a GEMM-bound autodiff step could do, so that Tapir's
@@ -331,6 +332,9 @@ pub fn bytes_per_node(numel: usize, ops: usize, op: ChainOp) -> NodeBytes {
         NodeBytes { nodes: st.nodes, tape: st.tape_bytes as f64 / n, arena: st.arena.bytes_in_use as f64 / n, payload }
     })
 }
+
+mod w7;
+pub use w7::MlpHvp;
 
 /// Resident memory of this process, from `/proc/self/status` (Linux only).
 pub mod rss {

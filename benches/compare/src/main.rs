@@ -1,4 +1,4 @@
-//! `just compare`: W1–W6 and W10 on Tapir, on faer called directly, on candle, on burn and (when
+//! `just compare`: W1–W7 and W10 on Tapir, on faer called directly, on candle, on burn and (when
 //! `python3 -c "import torch"` works) on PyTorch, one after another with alternating
 //! repetitions, as one table.
 //!
@@ -28,7 +28,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 /// `torch-compile` is PyTorch with `torch.compile` on the W10 model; it runs W10 only.
 const SYSTEMS: [&str; 7] = ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile"];
-const WORKLOADS: [&str; 7] = ["W1", "W2", "W3", "W4", "W6", "W5", "W10"];
+const WORKLOADS: [&str; 8] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10"];
 /// A child that runs longer than this is killed and its cell reads "timeout".
 const CHILD_LIMIT: Duration = Duration::from_secs(600);
 
@@ -230,6 +230,10 @@ fn label(metric: &str) -> String {
         "w6_heap_bytes_per_node" => "W6 heap bytes/node while recording (cold)",
         "w6_tapir_tape_bytes_per_node" => "W6 Tapir tape bytes/node (GraphStats)",
         "w6_tapir_arena_bytes_per_node" => "W6 Tapir arena bytes/node (values)",
+        "w7_grad_ms" => "W7 W2 loss gradient (no update), ms",
+        "w7_hvp_ms" => "W7 Hessian-vector product, ms",
+        "w7_hvp_over_grad" => "W7 time(HVP) / time(gradient)",
+        "w7_peak_mib" => "W7 peak RSS, MiB",
         "w10_ms" => "W10 char-transformer step, ms",
         "w10_tokens_per_s" => "W10 tokens/s",
         "w10_peak_mib" => "W10 peak RSS, MiB",

@@ -31,6 +31,14 @@ pub trait Peer {
     }
     /// One W2 step: forward, cross-entropy, backward, SGD in place.
     fn w2_step(&mut self) {}
+    /// Prepares W7 (the W2 network, batch and labels, and a fixed direction `v`).
+    fn w7_init(&mut self) -> bool {
+        false
+    }
+    /// W7's baseline: the gradient of W2's loss over all parameters (first-order path, no update).
+    fn w7_grad(&mut self) {}
+    /// One W7 Hessian-vector product `H v` of W2's loss over all parameters.
+    fn w7_hvp(&mut self) {}
     /// Prepares W10 (the character-level transformer, its optimizer and a batch).
     fn w10_init(&mut self) -> bool {
         false
@@ -138,6 +146,28 @@ pub fn run(p: &mut dyn Peer, workload: &str, w5_steps: usize) {
             }
             emit("w2_ms", median(&mut times));
             emit("w2_peak_mib", peak_mib());
+        }
+        "W7" if p.w7_init() => {
+            // Gradient and HVP alternate, so that both see the same machine load; 3 warm-up
+            // rounds, then 12 timed.
+            let (mut grad, mut hvp) = (Vec::new(), Vec::new());
+            for i in 1..=15 {
+                let t = Instant::now();
+                p.w7_grad();
+                let g = ms(t.elapsed());
+                let t = Instant::now();
+                p.w7_hvp();
+                let h = ms(t.elapsed());
+                if i > 3 {
+                    grad.push(g);
+                    hvp.push(h);
+                }
+            }
+            let (g, h) = (median(&mut grad), median(&mut hvp));
+            emit("w7_grad_ms", g);
+            emit("w7_hvp_ms", h);
+            emit("w7_hvp_over_grad", h / g);
+            emit("w7_peak_mib", peak_mib());
         }
         "W5" if p.w2_init() => {
             let mut at = Vec::new();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use benches::{FaerMlp, FaerSeedLoop, Mlp, SeedLoop, W1_N};
+use benches::{FaerMlp, FaerSeedLoop, Mlp, MlpHvp, SeedLoop, W1_N};
 use tapir::{Graph, Tensor};
 
 use crate::alloc_count;
@@ -13,13 +13,14 @@ pub struct Tapir {
     graph: Graph<f32>,
     w1: Option<SeedLoop>,
     w2: Option<Mlp>,
+    w7: Option<(MlpHvp, Vec<Vec<f32>>)>,
     w10: Option<crate::w10::CharStep>,
     leaves: Vec<Tensor<f32>>,
 }
 
 impl Tapir {
     pub fn new(threads: usize) -> Tapir {
-        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w10: None, leaves: Vec::new() }
+        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w7: None, w10: None, leaves: Vec::new() }
     }
 
     fn leaf(&mut self, numel: usize) -> Tensor<f32> {
@@ -56,6 +57,23 @@ impl Peer for Tapir {
     fn w1_step(&mut self) {
         let w1 = self.w1.as_ref().expect("w1_init ran");
         std::hint::black_box(w1.step(&mut self.graph));
+    }
+
+    fn w7_init(&mut self) -> bool {
+        let m = MlpHvp::new();
+        let out = m.out();
+        self.w7 = Some((m, out));
+        true
+    }
+
+    fn w7_grad(&mut self) {
+        let (m, _) = self.w7.as_mut().expect("w7_init ran");
+        std::hint::black_box(m.grad(&mut self.graph));
+    }
+
+    fn w7_hvp(&mut self) {
+        let (m, out) = self.w7.as_mut().expect("w7_init ran");
+        std::hint::black_box(m.hvp(&mut self.graph, out));
     }
 
     fn w2_init(&mut self) -> bool {

@@ -87,8 +87,8 @@ impl MlpHvp {
             let mut gs = params.clone();
             s.grad_into(loss, &params, &mut gs).expect("W7 records no error");
             let mut dot = (gs[0] * s.input(&self.v[0])).sum();
-            for i in 1..gs.len() {
-                dot = dot + (gs[i] * s.input(&self.v[i])).sum();
+            for (g, v) in gs.iter().zip(&self.v).skip(1) {
+                dot = dot + (*g * s.input(v)).sum();
             }
             let mut hv = params.clone();
             s.grad_into(dot, &params, &mut hv).expect("W7 records no error");

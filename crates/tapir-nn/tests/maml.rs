@@ -77,14 +77,13 @@ fn maml_meta_gradient_matches_finite_differences() {
     let theta = theta.data().to_vec();
     let reference = meta_loss_reference(&store, &m, &ids, &theta, &t);
     assert!((meta - reference).abs() <= 1e-12 * reference.abs().max(1.0), "{meta} vs {reference}");
-    for i in 0..theta.len() {
-        let h = 1e-6 * theta[i].abs().max(1.0);
+    for (i, (&t_i, &analytic)) in theta.iter().zip(meta_grad.data()).enumerate() {
+        let h = 1e-6 * t_i.abs().max(1.0);
         let (mut p, mut q) = (theta.clone(), theta.clone());
         p[i] += h;
         q[i] -= h;
         let numeric =
             (meta_loss_reference(&store, &m, &ids, &p, &t) - meta_loss_reference(&store, &m, &ids, &q, &t)) / (2.0 * h);
-        let analytic = meta_grad.data()[i];
         assert!(
             (analytic - numeric).abs() <= 1e-6 + 1e-4 * analytic.abs().max(numeric.abs()),
             "θ[{i}]: {analytic} vs {numeric}"

@@ -109,17 +109,19 @@ fn truncated_cg(graph: &mut Graph<f64>, x: &[f64], g: &[f64], eta: f64) -> tapir
         }
         let rr = dot(&r, &r);
         let alpha = rr / curvature;
-        for i in 0..n {
-            p[i] += alpha * d[i];
-            r[i] -= alpha * hd[i];
+        for (pi, di) in p.iter_mut().zip(&d) {
+            *pi += alpha * di;
+        }
+        for (ri, hi) in r.iter_mut().zip(&hd) {
+            *ri -= alpha * hi;
         }
         let rr_new = dot(&r, &r);
         if rr_new.sqrt() <= tol {
             break;
         }
         let beta = rr_new / rr;
-        for i in 0..n {
-            d[i] = r[i] + beta * d[i];
+        for (di, ri) in d.iter_mut().zip(&r) {
+            *di = ri + beta * *di;
         }
     }
     Ok((p, products))
@@ -237,9 +239,9 @@ mod tests {
         let v: Vec<f64> = (0..n).map(|i| ((i * 5 + 2) % 7) as f64 - 3.0).collect();
         let hv = hvp(&mut Graph::new(), &x, &v).unwrap();
         let h = hessian(&x);
-        for i in 0..n {
-            let expected: f64 = (0..n).map(|j| h[i * n + j] * v[j]).sum();
-            assert!((hv[i] - expected).abs() <= 1e-10 * expected.abs().max(1.0), "row {i}: {} vs {expected}", hv[i]);
+        for (i, (row, got)) in h.chunks(n).zip(&hv).enumerate() {
+            let expected: f64 = row.iter().zip(&v).map(|(a, b)| a * b).sum();
+            assert!((got - expected).abs() <= 1e-10 * expected.abs().max(1.0), "row {i}: {got} vs {expected}");
         }
     }
 

@@ -313,6 +313,10 @@ fn grad_semantics_and_errors() {
         assert_eq!(dx.value().unwrap(), &[6.0, 12.0]);
         assert_eq!((dc.value().unwrap(), du.value().unwrap()), (&[0.0][..], &[0.0][..]));
         assert!(!du.requires_grad());
+        // Under no_grad the gradient is a value that requires none.
+        let [frozen] = s.no_grad(|| s.grad(y, [xv])).unwrap();
+        assert_eq!(frozen.value().unwrap(), &[6.0, 12.0]);
+        assert!(!frozen.requires_grad() && dx.requires_grad());
         // Not consumed: backward still works afterwards, and so does grad.
         let line = line!() + 1;
         let e = s.grad(xv * 2.0, [xv]).unwrap_err();

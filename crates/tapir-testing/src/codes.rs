@@ -107,6 +107,8 @@ pub enum Code {
     ZeroHuge,
     /// A reduction over an axis list that names one axis twice (`[1, 1]`, `[0, -2]`).
     RepeatedAxes,
+    PadAxis,
+    ScatterAdd,
 }
 
 impl Code {
@@ -130,6 +132,8 @@ impl Code {
             | Code::Concat
             | Code::Stack
             | Code::IndexSelect
+            | Code::PadAxis
+            | Code::ScatterAdd
             | Code::Var
             | Code::LogSumExp
             | Code::Softmax
@@ -382,6 +386,8 @@ pub const FORMAT1_CODES: &[(u8, Code)] = &[
     (0x46, Code::Const),
     (0x47, Code::Full),
     (0x48, Code::Conv2d),
+    (0x4b, Code::PadAxis),
+    (0x4c, Code::ScatterAdd),
     (0x50, Code::Reduce(ReduceOp::Sum)),
     (0x51, Code::Reduce(ReduceOp::Mean)),
     (0x52, Code::Reduce(ReduceOp::Max)),

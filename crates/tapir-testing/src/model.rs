@@ -291,7 +291,7 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             }
             let mut out = x.to_vec();
             out[ax] = *len;
-            Outcome::Ok(out)
+            checked("scatter_add", Some(out))
         }
         Step::Concat { xs, axis } => concat("concat", &xs.iter().map(|&i| s(i)).collect::<Vec<_>>(), *axis),
         Step::Stack { xs, axis } => {
@@ -315,6 +315,30 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             let mut out = x.to_vec();
             out[ax] = indices.len();
             Outcome::Ok(out)
+        }
+        Step::PadAxis { x, axis, before, after } => {
+            let x = s(*x);
+            let Some(ax) = resolve(x.len(), *axis) else {
+                return err("BadAxis", "pad_axis");
+            };
+            let mut out = x.to_vec();
+            out[ax] += before + after;
+            checked("pad_axis", Some(out))
+        }
+        Step::ScatterAdd { x, axis, indices, len } => {
+            let x = s(*x);
+            let Some(ax) = resolve(x.len(), *axis) else {
+                return err("BadAxis", "scatter_add");
+            };
+            if indices.len() != x[ax] {
+                return err("InvalidShape", "scatter_add");
+            }
+            if indices.iter().any(|&i| i >= *len) {
+                return err("IndexOutOfRange", "scatter_add");
+            }
+            let mut out = x.to_vec();
+            out[ax] = *len;
+            checked("scatter_add", Some(out))
         }
         Step::Where { cond, a, b } => match broadcast(s(*cond), s(*a)).and_then(|ca| broadcast(&ca, s(*b))) {
             Some(out) => Outcome::Ok(out),

@@ -160,12 +160,45 @@ fn grad_matches_backward(kind: OpKind) {
     });
 }
 
+/// The fast backward runs through recorded gradients too (a gradient penalty, a PINN
+/// residual, a MAML step): for `M = Σ ⟨∂L/∂xᵢ, uᵢ⟩`, backward's gradient equals the
+/// recorded one to 1e-12.
+fn backward_through_recorded_gradients(kind: OpKind) {
+    let t = inputs();
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let v: Vec<_> = t.iter().map(|t| s.leaf(t)).collect();
+        let out = example(s, &v, kind);
+        let l = (out * out.detach().sin()).sum();
+        let mut first = vec![l; v.len()];
+        s.grad_into(l, &v, &mut first).unwrap();
+        let mut m = s.scalar(0.0);
+        for (gi, x) in first.iter().zip(&v) {
+            m = m + (*gi * x.detach().cos()).sum();
+        }
+        if !m.requires_grad() {
+            return;
+        }
+        let mut second = vec![l; v.len()];
+        s.grad_into(m, &v, &mut second).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        s.backward(m).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        for (i, (x, h)) in v.iter().zip(&second).enumerate() {
+            let h = h.value().unwrap();
+            let fast = x.grad().map_or_else(|| vec![0.0; h.len()], <[f64]>::to_vec);
+            for (a, b) in h.iter().zip(&fast) {
+                assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{kind:?}: input {i}: recorded {a} vs backward {b}");
+            }
+        }
+    });
+}
+
 #[test]
 fn every_kind_has_an_exact_recorded_derivative() {
     let mut kinds = 0;
     for kind in OpKind::all().filter(|&k| !is_leaf(k)) {
         kinds += 1;
         grad_matches_backward(kind);
+        backward_through_recorded_gradients(kind);
         let opts = GradcheckOptions { seed: 7, ..GradcheckOptions::default() };
         gradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
         gradgradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
@@ -280,6 +313,10 @@ fn grad_semantics_and_errors() {
         assert_eq!(dx.value().unwrap(), &[6.0, 12.0]);
         assert_eq!((dc.value().unwrap(), du.value().unwrap()), (&[0.0][..], &[0.0][..]));
         assert!(!du.requires_grad());
+        // Under no_grad the gradient is a value that requires none.
+        let [frozen] = s.no_grad(|| s.grad(y, [xv])).unwrap();
+        assert_eq!(frozen.value().unwrap(), &[6.0, 12.0]);
+        assert!(!frozen.requires_grad() && dx.requires_grad());
         // Not consumed: backward still works afterwards, and so does grad.
         let line = line!() + 1;
         let e = s.grad(xv * 2.0, [xv]).unwrap_err();

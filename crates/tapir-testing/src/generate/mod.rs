@@ -419,6 +419,29 @@ impl Gen<'_> {
                 };
                 Step::IndexSelect { x, axis, indices }
             }
+            Code::PadAxis => {
+                let x = self.pick();
+                let rank = self.shape(x).len();
+                let valid = self.valid();
+                let axis = self.axis_for(rank, valid);
+                Step::PadAxis { x, axis, before: self.u.below(3), after: self.u.below(3) }
+            }
+            Code::ScatterAdd => {
+                let x = self.pick();
+                let shape = self.shape(x).to_vec();
+                let valid = self.valid();
+                let axis = self.axis_for(shape.len(), valid);
+                let dim = model::resolve(shape.len(), axis).map_or(2, |a| shape[a]);
+                let len = 1 + self.u.below(4);
+                let indices = if valid {
+                    (0..dim).map(|_| self.u.below(len)).collect()
+                } else if self.u.chance(1, 2) {
+                    (0..dim + 1).map(|_| self.u.below(len)).collect()
+                } else {
+                    (0..dim).map(|_| self.u.below(len + 3)).collect()
+                };
+                Step::ScatterAdd { x, axis, indices, len }
+            }
             Code::Where => {
                 let a = self.pick();
                 let cond = self.partner(a);

@@ -90,6 +90,8 @@ pub(crate) fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[V
         Step::Concat { xs, axis } => s.concat(&xs.iter().map(|&i| v(i)).collect::<Vec<_>>(), *axis),
         Step::Stack { xs, axis } => s.stack(&xs.iter().map(|&i| v(i)).collect::<Vec<_>>(), *axis),
         Step::IndexSelect { x, axis, indices } => v(*x).index_select(*axis, indices),
+        Step::PadAxis { x, axis, before, after } => v(*x).pad_axis(*axis, *before, *after),
+        Step::ScatterAdd { x, axis, indices, len } => v(*x).scatter_add(*axis, indices, *len),
         Step::Where { cond, a, b } => s.where_(v(*cond), v(*a), v(*b)),
         Step::Reduce { op, x, axes, keepdim } => {
             let x = v(*x);

@@ -256,6 +256,10 @@ pub enum Step {
     Stack { xs: Vec<usize>, axis: isize },
     /// `x.index_select(axis, indices)`.
     IndexSelect { x: usize, axis: isize, indices: Vec<usize> },
+    /// `x.pad_axis(axis, before, after)`.
+    PadAxis { x: usize, axis: isize, before: usize, after: usize },
+    /// `x.scatter_add(axis, indices, len)`.
+    ScatterAdd { x: usize, axis: isize, indices: Vec<usize>, len: usize },
     /// `Scope::where_(cond, a, b)`.
     Where { cond: usize, a: usize, b: usize },
     /// `axes: None` reduces everything (`sum()`, `mean()`, `max()`, `min()`).
@@ -337,6 +341,8 @@ impl Step {
             | Step::Concat { .. }
             | Step::Stack { .. }
             | Step::IndexSelect { .. }
+            | Step::PadAxis { .. }
+            | Step::ScatterAdd { .. }
             | Step::Var { .. }
             | Step::LogSumExp { .. }
             | Step::Softmax { .. }

@@ -38,6 +38,12 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     ///   (each gets the total derivative, through every path).
     /// - Piecewise ops (`relu`, `abs`, `clamp`, `maximum`, `max_axes`, `max_pool2d`, ...)
     ///   have second derivative 0 almost everywhere, as in PyTorch.
+    /// - Called inside [`no_grad`](Scope::no_grad), the gradients are recorded as values
+    ///   that require no gradient (PyTorch's `create_graph=False`).
+    /// - The gradients may also be differentiated by the fast [`backward`](Scope::backward)
+    ///   or [`backward_into`](Scope::backward_into) (a gradient penalty, a PINN residual, a
+    ///   meta-learning step), or a Hessian-vector product taken as
+    ///   `backward_into(Σ ⟨∂y/∂p, v⟩, buffer)`.
     ///
     /// ```
     /// # fn main() -> Result<(), tapir::Error> {

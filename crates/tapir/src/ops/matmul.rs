@@ -59,12 +59,32 @@ pub(crate) fn grad<'s, T: Float>(
     a: NodeId<'s>,
     b: NodeId<'s>,
 ) -> Result<()> {
-    let (va, vb) = (ctx.var(a), ctx.var(b));
     if ctx.wants(a) {
-        ctx.add_reduced(a, g.matmul(vb.t()));
+        let bt = transposed(ctx, b);
+        ctx.add_reduced(a, g.matmul(bt));
     }
     if ctx.wants(b) {
-        ctx.add_reduced(b, va.t().matmul(g));
+        let at = transposed(ctx, a);
+        ctx.add_reduced(b, at.matmul(g));
     }
     Ok(())
+}
+
+/// `x.t()`, or the node `x` transposed if `x` is itself a transpose (the recorded
+/// derivative's own `bᵀ`, met again when that derivative is differentiated): the same
+/// value without a copy.
+#[track_caller]
+fn transposed<'s, T: Float>(ctx: &GradCtx<'_, 's, T>, x: NodeId<'s>) -> Var<'s, T> {
+    let op = ctx.core.tape.borrow().nodes[x.index()].op;
+    if let Op::Permute { x: inner, axes } = op {
+        let r = ctx.shape(x).rank();
+        let swap = r >= 2
+            && axes[r - 2] as usize == r - 1
+            && axes[r - 1] as usize == r - 2
+            && axes[..r - 2].iter().enumerate().all(|(i, &a)| a as usize == i);
+        if swap {
+            return ctx.var(inner);
+        }
+    }
+    ctx.var(x).t()
 }

@@ -47,7 +47,7 @@ mod threads;
 pub use dtype::Float;
 pub use error::{Error, Loc, Result};
 pub use graph::{Graph, GraphStats, MemoryReport, NodeId, OpMemory, Scope, Var};
-pub use ops::{BinaryFn, CustomError, CustomInputs, CustomOp, OpKind, UnaryFn};
+pub use ops::{BinaryFn, Checkpoint, CustomError, CustomInputs, CustomOp, OpKind, UnaryFn};
 pub use params::{GradBuffer, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;

@@ -19,6 +19,7 @@ use crate::graph::backward::{self, Seed};
 use crate::graph::core::Core;
 use crate::graph::tape::{Spare, Tape};
 use crate::graph::Var;
+use crate::ops::checkpoint::Nest;
 use crate::ops::Op;
 use crate::params::{GradBuffer, ParamId, ParamStore};
 use crate::shape::Shape;
@@ -34,6 +35,9 @@ use crate::Float;
 pub struct Graph<T: Float = f32> {
     arena: Arena,
     spare: Spare<T>,
+    /// Where checkpointed blocks record, reset after each block's forward and after each
+    /// block's recomputation (see [`Scope::checkpoint`]).
+    scratch: Scratch<T>,
     par: Par,
     anomaly: bool,
     last: GraphStats,
@@ -48,6 +52,10 @@ pub struct GraphStats {
     pub tape_bytes: usize,
     /// Arena use: bytes in use, high-water mark, capacity.
     pub arena: ArenaStats,
+    /// The scratch arena of checkpointed blocks (see [`Scope::checkpoint`]): its
+    /// high-water mark is one block's forward, or one block's recomputation and backward.
+    /// The graph's peak is at most `arena.high_water + scratch.high_water`.
+    pub scratch: ArenaStats,
 }
 
 impl<T: Float> Default for Graph<T> {
@@ -62,6 +70,7 @@ impl<T: Float> Graph<T> {
         Graph {
             arena: Arena::new(),
             spare: Spare::default(),
+            scratch: Scratch::default(),
             par: faer::get_global_parallelism(),
             anomaly: false,
             last: GraphStats::default(),
@@ -72,6 +81,7 @@ impl<T: Float> Graph<T> {
     /// fails with [`Error::ArenaLimit`]. `None` removes the cap.
     pub fn set_arena_limit(&mut self, bytes: Option<usize>) {
         self.arena.set_limit(bytes);
+        self.scratch.arena.borrow_mut().set_limit(bytes);
     }
 
     /// Threads for matrix products: 1 runs them on the calling thread, `n > 1` on `n`
@@ -98,7 +108,7 @@ impl<T: Float> Graph<T> {
 
     /// Statistics of the last scope (nodes, tape bytes) and of the arena now.
     pub fn stats(&self) -> GraphStats {
-        GraphStats { arena: self.arena.stats(), ..self.last }
+        GraphStats { arena: self.arena.stats(), scratch: self.scratch.arena.borrow().stats(), ..self.last }
     }
 
     /// Records one iteration: runs `f` with a fresh scope, then frees everything it
@@ -180,15 +190,19 @@ impl<T: Float> Graph<T> {
     pub fn scope<'g, R>(&'g mut self, f: impl for<'s> FnOnce(&'s Scope<'s, 'g, T>) -> R) -> R {
         self.arena.reset();
         let out = {
-            let scope = Scope {
-                core: Core::new(&self.arena, Tape::from_spare(&mut self.spare), self.par, self.anomaly),
-                _env: PhantomData,
-            };
+            let mut tape = Tape::from_spare(&mut self.spare);
+            tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });
+            let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), _env: PhantomData };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.
             let mut tape = scope.core.tape.borrow_mut();
-            self.last = GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.arena.stats() };
+            self.last = GraphStats {
+                nodes: tape.nodes.len(),
+                tape_bytes: tape.bytes(),
+                arena: self.arena.stats(),
+                scratch: self.scratch.arena.borrow().stats(),
+            };
             tape.drain_into(&mut self.spare);
             out
         };
@@ -209,6 +223,8 @@ impl<T: Float> Graph<T> {
     pub fn shrink_to_fit(&mut self) {
         self.arena.shrink_to_fit();
         Tape::shrink(&mut self.spare);
+        self.scratch.arena.get_mut().shrink_to_fit();
+        Tape::shrink(self.scratch.spare.get_mut());
     }
 }
 
@@ -452,6 +468,70 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Nodes recorded so far, tape bytes and arena use, now.
     pub fn stats(&self) -> GraphStats {
         let tape = self.core.tape.borrow();
-        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats() }
+        let scratch = tape.nest.map_or_else(ArenaStats::default, |n| n.scratch::<T>().arena.borrow().stats());
+        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats(), scratch }
     }
+}
+
+/// The scratch arena and the tape buffers that checkpointed blocks record on, kept by the
+/// graph between scopes like the main ones.
+pub(crate) struct Scratch<T: 'static> {
+    arena: RefCell<Arena>,
+    spare: RefCell<Spare<T>>,
+}
+
+impl<T: Float> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch { arena: RefCell::new(Arena::new()), spare: RefCell::default() }
+    }
+}
+
+impl<T> std::fmt::Debug for Scratch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("arena", &self.arena).finish_non_exhaustive()
+    }
+}
+
+/// Runs `f` on a fresh scope nested in a scope `'s`: its own tape, on the scratch arena
+/// of `nest`, with `inputs` entering as leaves that borrow their values (a gradient-
+/// requesting leaf where `inputs` says so). When `f` returns, the nested tape goes back
+/// to the scratch buffers and the scratch arena is reset, so nothing the block made
+/// survives: `f`'s result cannot mention `'c`.
+///
+/// The nested scope's environment lifetime is `'s`: what it borrows must outlive the
+/// outer scope, not only the nested one.
+pub(crate) fn nested<'s, T: Float, R>(
+    nest: Nest<'s>,
+    inputs: impl Iterator<Item = (bool, Shape, &'s [T])>,
+    f: impl for<'c> FnOnce(&'c Scope<'c, 's, T>, &[Var<'c, T>]) -> R,
+) -> R {
+    let scratch = nest.scratch::<T>();
+    let arena = scratch.arena.borrow();
+    let tape = Tape::from_spare(&mut scratch.spare.borrow_mut());
+    let out = {
+        // A nested scope has no `nest` of its own: a checkpoint inside it runs inline.
+        let scope = Scope { core: Core::new(&arena, tape, nest.par, nest.anomaly), _env: PhantomData };
+        // The handles go on the stack (a block has few inputs), else in a `Vec`.
+        const SMALL: usize = 16;
+        let (mut small, mut spill, mut n) = ([scope.core.poison(); SMALL], Vec::new(), 0);
+        for (grad, shape, value) in inputs {
+            let kind = if grad { Op::Variable } else { Op::Leaf };
+            let v = scope.core.leaf(kind, shape, value);
+            if n < SMALL {
+                small[n] = v;
+            } else {
+                if spill.is_empty() {
+                    spill.extend_from_slice(&small);
+                }
+                spill.push(v);
+            }
+            n += 1;
+        }
+        let out = f(&scope, if n <= SMALL { &small[..n] } else { &spill });
+        scope.core.tape.borrow_mut().drain_into(&mut scratch.spare.borrow_mut());
+        out
+    };
+    drop(arena);
+    scratch.arena.borrow_mut().reset();
+    out
 }

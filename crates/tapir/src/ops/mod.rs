@@ -13,6 +13,7 @@
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `max_pool2d`, `avg_pool2d`                                      |
 //! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
+//! | `checkpoint.rs`| checkpointed blocks ([`Checkpoint`]), recomputed during backward          |
 //!
 //! Variants hold `NodeId`s and small `Copy` scalars. Variable-length payloads (concat
 //! inputs, indices, labels, window geometry) live in the tape's `extra` list of `u32`s and
@@ -22,6 +23,7 @@
 //! or the scope's internals; the tape and the backward walk depend on `Op`.
 
 pub(crate) mod binary;
+pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod loss;
@@ -32,6 +34,7 @@ pub(crate) mod softmax;
 pub(crate) mod unary;
 
 pub use binary::BinaryFn;
+pub use checkpoint::Checkpoint;
 pub use custom::{CustomError, CustomInputs, CustomOp};
 pub use unary::UnaryFn;
 
@@ -131,6 +134,9 @@ op_kinds! {
     /// A user-defined op ([`CustomOp`]). `"custom"` is the kind's name only: errors,
     /// anomaly reports, dumps and memory reports name each node by [`CustomOp::name`].
     Custom => "custom",
+    /// A checkpointed block ([`Checkpoint`]): only its inputs and output are kept, its
+    /// intermediates are recomputed during backward.
+    Checkpoint => "checkpoint",
 }
 
 /// One recorded operation.
@@ -251,6 +257,13 @@ pub(crate) enum Op<'s, T> {
         first: u32,
         count: u32,
     },
+    /// A checkpointed block: row `table` of the tape's checkpoint table; inputs (the
+    /// block's own, then the parameters it read) are the ids stored at `first`.
+    Checkpoint {
+        table: u32,
+        first: u32,
+        count: u32,
+    },
 }
 
 /// Where an op's inputs are: in the variant, or stored on the tape (see `Tape::for_each_input`).
@@ -293,6 +306,7 @@ impl<'s, T> Op<'s, T> {
             MaxPool2d { .. } => OpKind::MaxPool2d,
             AvgPool2d { .. } => OpKind::AvgPool2d,
             Custom { .. } => OpKind::Custom,
+            Checkpoint { .. } => OpKind::Checkpoint,
         }
     }
 
@@ -313,7 +327,9 @@ impl<'s, T> Op<'s, T> {
             Binary { a, b, .. } | MatMul { a, b } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
-            Concat { first, count, .. } | Custom { first, count, .. } => Inputs::Stored { at: first, count },
+            Concat { first, count, .. } | Custom { first, count, .. } | Checkpoint { first, count, .. } => {
+                Inputs::Stored { at: first, count }
+            }
             Unary { x, .. }
             | Reshape { x }
             | Permute { x, .. }
@@ -367,6 +383,7 @@ impl<'s, T: Float> Op<'s, T> {
             MaxPool2d { x, geom } => conv::backward_max_pool2d(ctx, out, x, geom),
             AvgPool2d { x, geom } => conv::backward_avg_pool2d(ctx, out, x, geom),
             Custom { table, first, count } => custom::backward(ctx, out, table, first, count),
+            Checkpoint { table, first, count } => checkpoint::backward(ctx, out, table, first, count),
         }
     }
 }

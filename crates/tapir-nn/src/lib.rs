@@ -56,7 +56,7 @@ pub mod optim;
 pub use init::Init;
 pub use layer::{
     Activation, AvgPool2d, CausalSelfAttention, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig, LayerNorm,
-    Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
+    Checkpointed, Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
 };
 
 use std::panic::Location;

@@ -41,6 +41,8 @@ pub struct Graph<T: Float = f32> {
     par: Par,
     anomaly: bool,
     last: GraphStats,
+    /// Scopes run so far (see [`Scope::next_draw`]).
+    steps: u64,
 }
 
 /// What a scope recorded and how much memory it used.
@@ -74,6 +76,7 @@ impl<T: Float> Graph<T> {
             par: faer::get_global_parallelism(),
             anomaly: false,
             last: GraphStats::default(),
+            steps: 0,
         }
     }
 
@@ -192,6 +195,8 @@ impl<T: Float> Graph<T> {
         let out = {
             let mut tape = Tape::from_spare(&mut self.spare);
             tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });
+            tape.step = self.steps;
+            self.steps += 1;
             let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), _env: PhantomData };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
@@ -452,6 +457,18 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         backward::run(&mut tape, self.core.arena, self.core.par, (out.id, seed), location, self.core.anomaly)?;
         tape.consumed = !retain;
         Ok(())
+    }
+
+    /// A key for one random draw: `[step, call]`, where `step` counts the scopes this
+    /// graph ran before this one and `call` counts the earlier calls in this scope. A
+    /// random op seeds a counter-based stream with it (and a seed of its own), so that it
+    /// draws afresh at every call and every step, yet the same when a checkpointed block
+    /// is recomputed in backward: the block's scope replays the keys of its forward.
+    /// `tapir_nn::Dropout` draws its masks this way.
+    pub fn next_draw(&self) -> [u64; 2] {
+        let mut tape = self.core.tape.borrow_mut();
+        tape.draws += 1;
+        [tape.step, tape.draws - 1]
     }
 
     /// The scope's first error, if an op failed.

@@ -63,6 +63,10 @@ pub(crate) struct Tape<'s, T> {
     pub consumed: bool,
     /// Depth of nested `no_grad` regions.
     pub no_grad: u32,
+    /// The graph's scope count when this scope began, and the next draw index within it
+    /// (see `Scope::next_draw`).
+    pub step: u64,
+    pub draws: u64,
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -102,6 +106,8 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             error: None,
             consumed: false,
             no_grad: 0,
+            step: 0,
+            draws: 0,
         }
     }
 

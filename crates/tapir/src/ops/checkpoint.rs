@@ -122,6 +122,9 @@ pub(crate) struct CheckpointEntry<'s, T> {
     part: u32,
     /// How many of the node's stored inputs are the block's own; the rest are parameters.
     inputs: u32,
+    /// The scope's draw count when the block began (see [`Scope::next_draw`]), replayed by
+    /// the recomputation.
+    draws: u64,
     location: Loc,
 }
 
@@ -222,9 +225,15 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             inputs.iter().map(|x| tape.node(x.id)).map(|n| (n.requires_grad, n.shape, n.value)).collect_small()
         };
         let block: &'s dyn Checkpoint<T> = block;
+        let (step, draws) = {
+            let tape = self.core.tape.borrow();
+            (tape.step, tape.draws)
+        };
         let recorded = nested(nest, leaves.iter().copied(), |inner, vars| {
+            replay(inner, step, draws);
             let y = block.forward(inner, vars, part);
             let tape = inner.core.tape.borrow();
+            self.core.tape.borrow_mut().draws = tape.draws;
             if let Some(e) = &tape.error {
                 return Err(e.clone());
             }
@@ -249,7 +258,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 }
                 let table = u32::try_from(r.tape.checkpoints.len())
                     .map_err(|_| Error::TapeFull { op: r.op, len: r.tape.checkpoints.len(), location })?;
-                r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, location });
+                r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, location });
                 let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
                 Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
             });
@@ -320,6 +329,7 @@ pub(crate) fn backward<'s, T: Float>(
         (n.requires_grad, n.shape, n.value)
     });
     let result = nested(nest, leaves, |inner, vars| {
+        replay(inner, tape.step, entry.draws);
         let y = entry.block.forward(inner, vars, entry.part);
         let mut itape = inner.core.tape.borrow_mut();
         if let Some(e) = &itape.error {
@@ -364,6 +374,13 @@ pub(crate) fn backward<'s, T: Float>(
     });
     ctx.grads[out] = Some(dout);
     result
+}
+
+/// Starts the nested scope's random draws where the block's forward started them.
+fn replay<T: Float>(inner: &Scope<'_, '_, T>, step: u64, draws: u64) {
+    let mut tape = inner.core.tape.borrow_mut();
+    tape.step = step;
+    tape.draws = draws;
 }
 
 /// `grad[id] += g`, allocating the gradient (zeroed) on first use.

@@ -10,6 +10,7 @@
 //! | W4       | ending the scope after backward on a tape of 10^3..10^6 tiny nodes        |
 //! | W5       | the W2 step 2,000 times, resident memory along the way                    |
 //! | W6       | tape and arena bytes per recorded node ([`bytes_per_node`])               |
+//! | W8       | deep MLP (32 layers, batch 4096) with and without checkpointing ([`DeepMlp`]) |
 //!
 //! The baselines ([`FaerSeedLoop`], [`FaerMlp`]) run the same GEMMs straight on faer with
 //! preallocated outputs: the best a GEMM-bound autodiff step could do, so that Tapir's
@@ -21,6 +22,10 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, Par};
 use rand::SeedableRng;
 use tapir::{GradBuffer, Graph, ParamId, ParamStore, Tensor, Var};
+
+mod w8;
+
+pub use w8::{DeepMlp, W8_BATCH, W8_EVERY, W8_HIDDEN, W8_WIDTH};
 
 /// Matrix size of W1.
 pub const W1_N: usize = 1024;

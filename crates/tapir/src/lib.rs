@@ -48,7 +48,7 @@ pub use dtype::Float;
 pub use error::{Error, Loc, Result};
 pub use graph::{Graph, GraphStats, MemoryReport, NodeId, OpMemory, Scope, Var};
 pub use ops::{BinaryFn, Checkpoint, CustomError, CustomInputs, CustomOp, OpKind, UnaryFn};
-pub use params::{GradBuffer, ParamId, ParamStore};
+pub use params::{Grad, GradBuffer, GradMut, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
 pub use tensor::Tensor;

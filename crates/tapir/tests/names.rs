@@ -37,6 +37,11 @@ impl CustomOp<f64> for Double {
     }
 }
 
+/// The example block of [`OpKind::Checkpoint`].
+fn identity<'c>(_: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    x[0]
+}
+
 /// The name a node of `kind` reports: the kind's, or for a custom op the op's own.
 fn name_of(kind: OpKind) -> &'static str {
     match kind {
@@ -134,6 +139,8 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         OpKind::MaxPool2d => img.max_pool2d([2, 2], [2, 2], [0, 0]),
         OpKind::AvgPool2d => img.avg_pool2d([2, 2], [2, 2], [0, 0]),
         OpKind::Custom => s.custom(&Double, &[x]),
+        // The identity, so that the only allocation is the checkpoint's own output.
+        OpKind::Checkpoint => s.checkpoint(&identity, &[x]),
         OpKind::Leaf | OpKind::Variable | OpKind::Param => unreachable!("leaves have examples of their own"),
         other => panic!("no example for {other:?}: add one"),
     }
@@ -212,7 +219,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 25);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 26);
 }
 
 #[test]

@@ -86,7 +86,7 @@ class Mlp:
             for p in self.params:
                 p -= LR * p.grad
                 p.grad = None
-        return float(loss)
+        return loss.item()
 
 
 def w2():
@@ -194,7 +194,7 @@ def w8(checkpoint):
                 for p in (w, b):
                     p -= LR * p.grad
                     p.grad = None
-        return float(loss)
+        return loss.item()
 
     times = []
     for i in range(1, 7):

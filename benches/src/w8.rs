@@ -65,7 +65,8 @@ impl DeepMlp {
         for i in 0..=W8_HIDDEN {
             let w = Tensor::normal(&[W8_WIDTH, W8_WIDTH], 0.0, std, &mut r).expect("a valid shape");
             let w = store.add(format!("w{i}"), w).expect("a fresh name");
-            let b = store.add(format!("b{i}"), Tensor::zeros(&[W8_WIDTH]).expect("a valid shape")).expect("a fresh name");
+            let b =
+                store.add(format!("b{i}"), Tensor::zeros(&[W8_WIDTH]).expect("a valid shape")).expect("a fresh name");
             layers.push((w, b));
         }
         let x = Tensor::normal(&[W8_BATCH, W8_WIDTH], 0.0, 1.0, &mut r).expect("a valid shape");

@@ -55,8 +55,8 @@ pub mod optim;
 
 pub use init::Init;
 pub use layer::{
-    Activation, AvgPool2d, CausalSelfAttention, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig, LayerNorm,
-    Checkpointed, Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
+    Activation, AvgPool2d, CausalSelfAttention, Checkpointed, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig,
+    LayerNorm, Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
 };
 
 use std::panic::Location;

@@ -54,11 +54,7 @@ fn run(checkpoint: bool) -> (f64, Vec<f64>, Vec<f64>, Vec<f64>) {
         let mut h = x;
         for part in 0..5 {
             let inputs = if part % 2 == 1 { vec![h, gate] } else { vec![h] };
-            h = if checkpoint {
-                s.checkpoint_part(&layers, part, &inputs)
-            } else {
-                layers.forward(s, &inputs, part)
-            };
+            h = if checkpoint { s.checkpoint_part(&layers, part, &inputs) } else { layers.forward(s, &inputs, part) };
         }
         // The gate is also used outside the blocks.
         let loss = (h * h).sum() + (gate * x).sum();
@@ -168,11 +164,11 @@ fn intermediates_leave_the_main_arena() {
     assert_close(&g0, &g1, "parameter gradient");
     assert_eq!(plain_scratch, 0);
     let act = 256 * 64 * 8; // one activation, in bytes
-    // Without: 16 layers keep a matmul and a relu output each, and get a gradient for
-    // each: 64 activations. With: the main arena keeps 4 block outputs, their gradients,
-    // the loss's square and its gradient (10), and the 16 weights' gradients (4); the
-    // scratch arena one block's forward (8) and backward (8, the seed, the block input's
-    // and weights' gradients: 18).
+                            // Without: 16 layers keep a matmul and a relu output each, and get a gradient for
+                            // each: 64 activations. With: the main arena keeps 4 block outputs, their gradients,
+                            // the loss's square and its gradient (10), and the 16 weights' gradients (4); the
+                            // scratch arena one block's forward (8) and backward (8, the seed, the block input's
+                            // and weights' gradients: 18).
     assert!(plain >= 64 * act, "{plain}");
     assert!(main <= 15 * act, "{main}");
     assert!(scratch <= 19 * act, "{scratch}");

@@ -192,6 +192,8 @@ impl<T: Float> Graph<T> {
     /// ```
     pub fn scope<'g, R>(&'g mut self, f: impl for<'s> FnOnce(&'s Scope<'s, 'g, T>) -> R) -> R {
         self.arena.reset();
+        // Normally empty already: each block resets it; a block that panicked did not.
+        self.scratch.arena.get_mut().reset();
         let out = {
             let mut tape = Tape::from_spare(&mut self.spare);
             tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });

@@ -256,8 +256,11 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                 for &p in params.iter() {
                     r.store_ids([p])?;
                 }
-                let table = u32::try_from(r.tape.checkpoints.len())
-                    .map_err(|_| Error::TapeFull { op: r.op, len: r.tape.checkpoints.len(), location })?;
+                let table = u32::try_from(r.tape.checkpoints.len()).map_err(|_| Error::TapeFull {
+                    op: r.op,
+                    len: r.tape.checkpoints.len(),
+                    location,
+                })?;
                 r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, location });
                 let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
                 Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
@@ -349,11 +352,16 @@ pub(crate) fn backward<'s, T: Float>(
         });
         for outer in params() {
             let same = match (inner_params.next(), tape.node(outer).op) {
-                (Some(a), Op::Param(b)) => itape.extra[a as usize..a as usize + 3] == tape.extra[b as usize..b as usize + 3],
+                (Some(a), Op::Param(b)) => {
+                    itape.extra[a as usize..a as usize + 3] == tape.extra[b as usize..b as usize + 3]
+                }
                 _ => false,
             };
             if !same {
-                return Err(nondeterministic("the block read other parameters on recomputation".into(), entry.location));
+                return Err(nondeterministic(
+                    "the block read other parameters on recomputation".into(),
+                    entry.location,
+                ));
             }
         }
         if inner_params.next().is_some() {
@@ -388,7 +396,8 @@ fn add_grad<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, g: &
     match &mut ctx.grads[id] {
         Some(slot) => kernels::add_assign(slot, g),
         slot @ None => {
-            let fresh = ctx.arena.alloc_iter(g.iter().copied()).map_err(|e| alloc_error(e, "backward", ctx.location))?;
+            let fresh =
+                ctx.arena.alloc_iter(g.iter().copied()).map_err(|e| alloc_error(e, "backward", ctx.location))?;
             *slot = Some(fresh);
         }
     }

@@ -151,11 +151,17 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// again. A block made inside the scope cannot be recorded:
     ///
     /// ```compile_fail
-    /// # use tapir::{Graph, Scope, Tensor, Var};
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// struct Scale(f32);
+    /// impl Checkpoint<f32> for Scale {
+    ///     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    ///         x[0].mul_scalar(self.0)
+    ///     }
+    /// }
     /// let x = Tensor::<f32>::ones(&[2]).unwrap();
     /// let mut g = Graph::<f32>::new();
     /// g.scope(|s| {
-    ///     let block = |s: &Scope<'_, '_, f32>, x: &[Var<'_, f32>]| x[0]; // made in the scope
+    ///     let block = Scale(2.0); // made in the scope: does not live for 'g
     ///     let _ = s.checkpoint(&block, &[s.leaf(&x)]);
     /// });
     /// ```
@@ -163,13 +169,18 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// and its twin, with the block made before the scope, compiles:
     ///
     /// ```
-    /// # use tapir::{Graph, Scope, Tensor, Var};
-    /// fn block<'c>(_: &'c Scope<'c, '_, f32>, x: &[Var<'c, f32>]) -> Var<'c, f32> { x[0] }
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// # struct Scale(f32);
+    /// # impl Checkpoint<f32> for Scale {
+    /// #     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    /// #         x[0].mul_scalar(self.0)
+    /// #     }
+    /// # }
     /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let block = Scale(2.0);
     /// let mut g = Graph::<f32>::new();
-    /// g.scope(|s| {
-    ///     let _ = s.checkpoint(&block, &[s.leaf(&x)]);
-    /// });
+    /// let y = g.scope(|s| s.checkpoint(&block, &[s.leaf(&x)]).to_tensor()).unwrap();
+    /// assert_eq!(y.data(), [2.0, 2.0]);
     /// ```
     ///
     /// Inside a checkpointed block, a checkpoint runs inline (its ops become part of the

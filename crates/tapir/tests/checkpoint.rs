@@ -240,3 +240,17 @@ fn parameters_of_another_store_in_a_block_are_caught_before_backward() {
     });
     assert!(matches!(e, Error::WrongStore { op: "backward_into", .. }), "{e}");
 }
+
+#[test]
+fn a_recorded_gradient_through_a_checkpoint_is_a_typed_error() {
+    let x = Tensor::<f64>::from_vec(vec![0.5, -1.0], &[2]).unwrap();
+    let w = Tensor::<f64>::from_vec(vec![1.0, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let (x, w) = (s.leaf(&x).reshape(&[1, 2]), s.leaf(&w));
+        let y = s.checkpoint(&block, &[x, w]).sum();
+        s.grad(y, [x]).map(|_| ()).unwrap_err()
+    });
+    assert!(matches!(e, Error::InvalidArgument { op: "grad", .. }), "{e}");
+    assert!(e.to_string().contains("checkpoint"), "{e}");
+}

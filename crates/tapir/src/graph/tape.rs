@@ -57,6 +57,10 @@ pub(crate) struct Tape<'s, T> {
     pub locs: Vec<Loc>,
     /// Gradients after a backward pass (`None`: none reached the node).
     pub grads: NodeMap<'s, Option<&'s [T]>>,
+    /// The side table of [`Scope::grad`](crate::Scope::grad): per node, whether the walk
+    /// differentiates through it and its gradient handle so far. Kept between calls and
+    /// scopes, so that a warmed-up call allocates nothing.
+    pub slots: NodeMap<'s, Slot<'s>>,
     /// The first error of the scope; every later op returns a poisoned handle.
     pub error: Option<Error>,
     /// Set by a backward pass that did not retain the tape.
@@ -80,6 +84,16 @@ pub(crate) struct Spare<T: 'static> {
     checkpoints: Vec<CheckpointEntry<'static, T>>,
     locs: Vec<Loc>,
     grads: Vec<Option<&'static [T]>>,
+    slots: Vec<Slot<'static>>,
+}
+
+/// One node's entry in the side table of a recorded gradient (see `graph/grad.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Slot<'s> {
+    /// Whether the node requires a gradient and depends on one of the inputs asked for.
+    pub needed: bool,
+    /// The gradient handle accumulated so far (`None`: no contribution yet).
+    pub grad: Option<NodeId<'s>>,
 }
 
 /// Empties `v` and gives it back with another element type of the same layout (here: the
@@ -103,6 +117,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             nest: None,
             locs: std::mem::take(&mut spare.locs),
             grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
+            slots: NodeMap::from_vec(recycle(std::mem::take(&mut spare.slots))),
             error: None,
             consumed: false,
             no_grad: 0,
@@ -120,12 +135,14 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.locs = Vec::new();
         spare.grads = Vec::new();
         spare.checkpoints = Vec::new();
+        spare.slots = Vec::new();
     }
 
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
     pub(crate) fn drain_into(&mut self, spare: &mut Spare<T>) {
         spare.nodes = recycle(std::mem::take(&mut self.nodes));
         spare.grads = recycle(std::mem::take(&mut self.grads).into_vec());
+        spare.slots = recycle(std::mem::take(&mut self.slots).into_vec());
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);

@@ -39,7 +39,7 @@ use crate::graph::backward::{self, Seed};
 use crate::graph::{nested, NodeId, Scope, Scratch, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
-use crate::record::{alloc_error, BackwardCtx};
+use crate::record::{alloc_error, BackwardCtx, GradCtx};
 use crate::Float;
 
 /// A block of ops to checkpoint: its intermediate values are not kept for backward but
@@ -184,7 +184,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// ```
     ///
     /// Inside a checkpointed block, a checkpoint runs inline (its ops become part of the
-    /// enclosing block). Second-order gradients through a checkpoint are not supported.
+    /// enclosing block). Second-order gradients through a checkpoint are not supported:
+    /// [`Scope::grad`] through one is an [`Error::InvalidArgument`] naming `grad`.
     ///
     /// # Errors
     /// Recorded as the scope's error: any error the block records (as it names it); the
@@ -393,6 +394,22 @@ pub(crate) fn backward<'s, T: Float>(
     });
     ctx.grads[out] = Some(dout);
     result
+}
+
+/// Recorded derivative ([`Scope::grad`]): not supported. The block's recomputation records
+/// on a nested scope of its own, whose ops are not on this tape, so there is nothing to
+/// differentiate again; record the block directly to take second derivatives.
+#[track_caller]
+pub(crate) fn grad<T: Float>(ctx: &mut GradCtx<'_, '_, T>, table: u32) -> Result<()> {
+    let location = ctx.core.tape.borrow().checkpoints[table as usize].location;
+    Err(Error::InvalidArgument {
+        op: ctx.core.op_name("grad"),
+        detail: format!(
+            "a recorded (differentiable) gradient cannot pass through the checkpoint recorded at {location}: \
+             record the block without a checkpoint to take second derivatives (backward works)"
+        ),
+        location: Location::caller(),
+    })
 }
 
 /// Starts the nested scope's random draws where the block's forward started them.

@@ -1,10 +1,11 @@
 //! W2: one MLP training step (forward, cross-entropy, backward into a reused gradient
 //! buffer, SGD in place) with the arena reused across steps, against its eight GEMMs on faer;
 //! W7: the Hessian-vector product of the same loss over all parameters, beside its gradient.
+//! W8: the deep MLP step with and without checkpointing every 4 layers.
 
 use std::time::Duration;
 
-use benches::{graph, par, threads, FaerMlp, Mlp, MlpHvp, MLP_BATCH};
+use benches::{graph, par, threads, DeepMlp, FaerMlp, Mlp, MlpHvp, MLP_BATCH, W8_BATCH};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
@@ -37,5 +38,20 @@ fn w7_mlp_hvp(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, w2_mlp_step, w7_mlp_hvp);
+
+fn w8_deep_mlp_step(c: &mut Criterion) {
+    let t = threads();
+    let mut group = c.benchmark_group(format!("w8_deep_mlp_step_t{t}"));
+    // About 50 GFLOP a step: the fewest samples criterion takes, and a short window.
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    group.throughput(Throughput::Elements(W8_BATCH as u64));
+    for (name, checkpoint) in [("plain", false), ("checkpoint_every_4", true)] {
+        let mut g = graph(t);
+        let mut mlp = DeepMlp::new(checkpoint);
+        group.bench_function(name, |b| b.iter(|| black_box(mlp.step(&mut g))));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, w2_mlp_step, w7_mlp_hvp, w8_deep_mlp_step);
 criterion_main!(benches);

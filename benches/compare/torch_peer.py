@@ -86,7 +86,7 @@ class Mlp:
             for p in self.params:
                 p -= LR * p.grad
                 p.grad = None
-        return float(loss)
+        return loss.item()
 
 
 def w2():
@@ -202,6 +202,54 @@ def w4():
         emit(f"w4_{nodes}_total_ms", statistics.median(total))
 
 
+W8_WIDTH, W8_HIDDEN, W8_BATCH, W8_EVERY = 256, 32, 4096, 4
+
+
+def w8(checkpoint):
+    """W8: 32 hidden layers of 256 with ReLU, 256 classes, batch 4096, cross-entropy on
+    labels i mod 256, one SGD step; with `torch.utils.checkpoint` (use_reentrant=False)
+    around every 4 hidden layers when `checkpoint`."""
+    from torch.utils.checkpoint import checkpoint as ckpt
+
+    torch.manual_seed(8)
+    params = []
+    for _ in range(W8_HIDDEN + 1):
+        w = (torch.randn(W8_WIDTH, W8_WIDTH) * (2.0 / W8_WIDTH) ** 0.5).requires_grad_()
+        params.append((w, torch.zeros(W8_WIDTH, requires_grad=True)))
+    x = torch.randn(W8_BATCH, W8_WIDTH)
+    labels = torch.arange(W8_BATCH) % W8_WIDTH
+    hidden, (wo, bo) = params[:-1], params[-1]
+
+    def group(h, start):
+        for w, b in hidden[start : start + W8_EVERY]:
+            h = torch.relu(h @ w + b)
+        return h
+
+    def step():
+        h = x
+        for start in range(0, W8_HIDDEN, W8_EVERY):
+            h = ckpt(group, h, start, use_reentrant=False) if checkpoint else group(h, start)
+        loss = torch.nn.functional.cross_entropy(h @ wo + bo, labels)
+        loss.backward()
+        with torch.no_grad():
+            for w, b in params:
+                for p in (w, b):
+                    p -= LR * p.grad
+                    p.grad = None
+        return loss.item()
+
+    times = []
+    for i in range(1, 7):
+        t = time.perf_counter()
+        step()
+        if i > 2:
+            times.append((time.perf_counter() - t) * 1e3)
+    tag = "w8c" if checkpoint else "w8"
+    emit(f"{tag}_ms", statistics.median(times))
+    emit(f"{tag}_peak_mib", peak_mib())
+    emit(f"{tag}_import_mib", IMPORT_MIB)
+
+
 def w10(steps):
     """The `train_chars` model (crates/tapir-nn/examples/chars/gpt_torch.py): forward,
     cross-entropy, backward, clipping to norm 1, AdamW; batch 32 x 64 tokens."""
@@ -264,6 +312,8 @@ def main():
         "W6": lambda: None,
         "W7": w7,
         "W10": lambda: w10(w5_steps),
+        "W8": lambda: w8(False),
+        "W8C": lambda: w8(True),
     }[workload]()
 
 

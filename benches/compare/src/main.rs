@@ -1,4 +1,4 @@
-//! `just compare`: W1–W7 and W10 on Tapir, on faer called directly, on candle, on burn and (when
+//! `just compare`: W1–W7, W8 (W8C: W8 checkpointed) and W10 on Tapir, on faer called directly, on candle, on burn and (when
 //! `python3 -c "import torch"` works) on PyTorch, one after another with alternating
 //! repetitions, as one table.
 //!
@@ -28,7 +28,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 /// `torch-compile` is PyTorch with `torch.compile` on the W10 model; it runs W10 only.
 const SYSTEMS: [&str; 7] = ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile"];
-const WORKLOADS: [&str; 8] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10"];
+const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10", "W8", "W8C"];
 /// A child that runs longer than this is killed and its cell reads "timeout".
 const CHILD_LIMIT: Duration = Duration::from_secs(600);
 
@@ -130,7 +130,7 @@ struct Results {
 fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
     let threads = o.threads.to_string();
     let mut cmd = if system.starts_with("torch") {
-        let mut c = Command::new("python3");
+        let mut c = Command::new(python());
         c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/torch_peer.py"));
         if system == "torch-compile" {
             c.env("TORCH_PEER_COMPILE", "1");
@@ -197,8 +197,14 @@ fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
     eprintln!("  {workload} {system}: {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// The Python that runs the PyTorch peer: `TAPIR_COMPARE_PYTHON` if set (a virtual
+/// environment's, say), else `python3` from `PATH`.
+fn python() -> String {
+    std::env::var("TAPIR_COMPARE_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 fn torch_available() -> Result<(), String> {
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .args(["-c", "import torch"])
         .output()
         .map_err(|e| format!("python3 did not start: {e}"))?;
@@ -239,6 +245,14 @@ fn label(metric: &str) -> String {
         "w10_peak_mib" => "W10 peak RSS, MiB",
         "w10_growth_mib" => "W10 RSS growth step 10→last, MiB",
         "w10_import_mib" => "W10 RSS after `import torch`, MiB",
+        "w8_ms" => "W8 deep MLP step, ms",
+        "w8_peak_mib" => "W8 peak RSS, MiB",
+        "w8_arena_mib" => "W8 arena high-water mark, MiB",
+        "w8_import_mib" => "W8 RSS after `import torch`, MiB",
+        "w8c_ms" => "W8C deep MLP step checkpointed every 4 layers, ms",
+        "w8c_peak_mib" => "W8C peak RSS, MiB",
+        "w8c_arena_mib" => "W8C arena high-water mark (main + scratch), MiB",
+        "w8c_import_mib" => "W8C RSS after `import torch`, MiB",
         _ => "",
     };
     if !fixed.is_empty() {
@@ -338,7 +352,9 @@ fn main() {
     if systems.iter().any(|s| s.starts_with("torch")) {
         if let Err(why) = torch_available() {
             println!(
-                "PyTorch: skipped, `python3 -c \"import torch\"` failed ({why}). `pip install torch` to include it."
+                "PyTorch: skipped, `{} -c \"import torch\"` failed ({why}). `pip install torch` (or set \
+                 TAPIR_COMPARE_PYTHON to a Python that has it) to include it.",
+                python()
             );
             systems.retain(|s| !s.starts_with("torch"));
         }

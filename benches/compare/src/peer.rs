@@ -45,6 +45,17 @@ pub trait Peer {
     }
     /// One W10 training step: forward, cross-entropy, backward, clipping, AdamW.
     fn w10_step(&mut self) {}
+    /// Prepares W8 (the deep MLP), checkpointed every 4 hidden layers or not.
+    fn w8_init(&mut self, _checkpoint: bool) -> bool {
+        false
+    }
+    /// One W8 step: forward, cross-entropy, backward, SGD in place.
+    fn w8_step(&mut self) {}
+    /// The arena's high-water mark after W8's steps, main and scratch arenas together, in
+    /// MiB (NaN where the engine has no arena).
+    fn w8_arena_mib(&self) -> f64 {
+        f64::NAN
+    }
     /// Whether W3, W4 and W6 (graphs of tiny ops) apply.
     fn has_tape(&self) -> bool {
         false
@@ -117,6 +128,21 @@ pub fn run(p: &mut dyn Peer, workload: &str, w5_steps: usize) {
             emit("w10_tokens_per_s", crate::w10::TOKENS as f64 / step_ms * 1e3);
             emit("w10_peak_mib", peak_mib());
             emit("w10_growth_mib", rss_mib() - rss10);
+        }
+        w @ ("W8" | "W8C") if p.w8_init(w == "W8C") => {
+            // 6 steps (each runs about 50 GFLOP): the first 2 warm up.
+            let tag = w.to_lowercase();
+            let mut times = Vec::new();
+            for step in 1..=6 {
+                let t = Instant::now();
+                p.w8_step();
+                if step > 2 {
+                    times.push(ms(t.elapsed()));
+                }
+            }
+            emit(&format!("{tag}_ms"), median(&mut times));
+            emit(&format!("{tag}_peak_mib"), peak_mib());
+            emit(&format!("{tag}_arena_mib"), p.w8_arena_mib());
         }
         "W1" if p.w1_init() => {
             // 20 iterations: the first 3 warm up; RSS growth is from iteration 10 to the last.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use benches::{FaerMlp, FaerSeedLoop, Mlp, MlpHvp, SeedLoop, W1_N};
+use benches::{DeepMlp, FaerMlp, FaerSeedLoop, Mlp, MlpHvp, SeedLoop, W1_N};
 use tapir::{Graph, Tensor};
 
 use crate::alloc_count;
@@ -15,12 +15,13 @@ pub struct Tapir {
     w2: Option<Mlp>,
     w7: Option<(MlpHvp, Vec<Vec<f32>>)>,
     w10: Option<crate::w10::CharStep>,
+    w8: Option<DeepMlp>,
     leaves: Vec<Tensor<f32>>,
 }
 
 impl Tapir {
     pub fn new(threads: usize) -> Tapir {
-        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w7: None, w10: None, leaves: Vec::new() }
+        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w7: None, w10: None, w8: None, leaves: Vec::new() }
     }
 
     fn leaf(&mut self, numel: usize) -> Tensor<f32> {
@@ -47,6 +48,21 @@ impl Peer for Tapir {
 
     fn threads(&self) -> usize {
         self.graph.threads()
+    }
+
+    fn w8_init(&mut self, checkpoint: bool) -> bool {
+        self.w8 = Some(DeepMlp::new(checkpoint));
+        true
+    }
+
+    fn w8_step(&mut self) {
+        let w8 = self.w8.as_mut().expect("w8_init ran");
+        std::hint::black_box(w8.step(&mut self.graph));
+    }
+
+    fn w8_arena_mib(&self) -> f64 {
+        let st = self.graph.stats();
+        (st.arena.high_water + st.scratch.high_water) as f64 / (1 << 20) as f64
     }
 
     fn w1_init(&mut self) -> bool {

@@ -219,17 +219,15 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
             ));
         }
         let w = T::from_usize(samples);
-        let mut at = 0;
-        for (_, g) in grads.iter_mut() {
-            let dst = &mut self.send[at..at + g.numel()];
-            if self.has_pending {
-                dst.iter_mut().zip(g.data()).for_each(|(d, &g)| *d += w * g);
-            } else {
-                dst.iter_mut().zip(g.data()).for_each(|(d, &g)| *d = w * g);
-            }
-            at += g.numel();
-            g.data_mut().fill(T::ZERO);
+        // The buffer is one slice in the model's layout (checked above): one pass over it.
+        let g = grads.as_mut_slice();
+        let dst = &mut self.send[..g.len()];
+        if self.has_pending {
+            dst.iter_mut().zip(&*g).for_each(|(d, &g)| *d += w * g);
+        } else {
+            dst.iter_mut().zip(&*g).for_each(|(d, &g)| *d = w * g);
         }
+        g.fill(T::ZERO);
         self.has_pending = true;
         self.pending += samples;
         Ok(())
@@ -256,12 +254,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         if total == T::ZERO {
             return Err(invalid(OP, "no rank had a sample in this step; pass each rank's sample count"));
         }
-        let mut at = 0;
-        for (_, g) in grads.iter_mut() {
-            let n = g.numel();
-            g.data_mut().iter_mut().zip(&self.recv[at..at + n]).for_each(|(g, &s)| *g = s / total);
-            at += n;
-        }
+        grads.as_mut_slice().iter_mut().zip(&self.recv[..self.numel]).for_each(|(g, &s)| *g = s / total);
         Ok(Reduced { samples: total.to_f64() as usize })
     }
 

@@ -57,8 +57,8 @@ pub mod optim;
 pub use functional::{flat_len, flatten_params, unflatten_params};
 pub use init::Init;
 pub use layer::{
-    Activation, AvgPool2d, CausalSelfAttention, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig, LayerNorm,
-    Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
+    Activation, AvgPool2d, CausalSelfAttention, Checkpointed, Conv2d, Ctx, Dropout, Embedding, Flatten, Gpt, GptConfig,
+    LayerNorm, Linear, MaxPool2d, Mlp, MlpBuilder, Module, PositionalEmbedding, Sequential, TransformerBlock,
 };
 
 use std::panic::Location;

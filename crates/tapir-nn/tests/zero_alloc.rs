@@ -103,3 +103,41 @@ fn warmed_up_training_steps_allocate_nothing() {
     let (n, _) = train(&cnn, &mut store, &mut adamw, &images, &labels, 12);
     assert_eq!(n, 0, "a CNN step with AdamW allocated {n} times");
 }
+
+/// A `Sequential` checkpointed every 2 layers, dropout included: the view, the nested
+/// scopes, the scratch arena and the recomputation reuse what the first steps set up.
+#[test]
+fn warmed_up_checkpointed_steps_allocate_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let labels: Vec<usize> = (0..16).map(|i| i % 10).collect();
+    let mut store = ParamStore::<f32>::new();
+    let mut model = Sequential::new();
+    for i in 0..4 {
+        model = model
+            .push(Linear::new(&mut store, &format!("fc{i}"), 32, 32, &mut rng).unwrap())
+            .push(Activation::Relu)
+            .push(Dropout::new(0.1, i).unwrap());
+    }
+    let model = model.push(Linear::new(&mut store, "out", 32, 10, &mut rng).unwrap());
+    let x = Tensor::<f32>::normal(&[16, 32], 0.0, 1.0, &mut rng).unwrap();
+    let mut sgd = Sgd::new(&store, 0.05).unwrap();
+    let mut grads = store.zeros_like().unwrap();
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut counts = vec![];
+    for _ in 0..10 {
+        let before = allocations();
+        grads.zero();
+        let checkpointed = model.checkpointed(&store, 2).unwrap();
+        graph
+            .scope(|s| {
+                let loss = checkpointed.forward(Ctx::train(s, &store), s.input(&x)).cross_entropy(&labels);
+                s.backward_into(loss, &mut grads)
+            })
+            .expect("the step succeeds");
+        sgd.step(&mut store, &grads).expect("grads match the store");
+        counts.push(allocations() - before);
+    }
+    assert!(counts[3..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+    assert!(graph.stats().scratch.high_water > 0, "the groups ran on the scratch arena");
+}

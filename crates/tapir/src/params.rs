@@ -221,43 +221,103 @@ impl<T: Float> ParamStore<T> {
     }
 
     /// A zeroed gradient buffer with one slot per parameter, of the same shapes, tied to
-    /// this store.
+    /// this store: one contiguous allocation, a view per parameter.
     ///
     /// # Errors
-    /// [`Error::TensorOutOfMemory`] naming the first parameter whose slot could not be
-    /// allocated (nothing is kept then).
+    /// [`Error::TensorOutOfMemory`] if the buffer could not be allocated.
     #[track_caller]
     pub fn zeros_like(&self) -> Result<GradBuffer<T>> {
         let location = Location::caller();
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(self.tensors.len()).map_err(|_| Error::TensorOutOfMemory {
+        let oom = |requested| Error::TensorOutOfMemory {
             op: "ParamStore::zeros_like",
             shape: Shape::scalar(),
-            requested: self.tensors.len().saturating_mul(std::mem::size_of::<Tensor<T>>()),
+            requested,
             location,
-        })?;
+        };
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(self.tensors.len()).map_err(|_| oom(self.tensors.len().saturating_mul(16)))?;
+        let mut numel = 0usize;
         for t in &self.tensors {
-            slots.push(Tensor::zeros_at("ParamStore::zeros_like", t.shape(), location)?);
+            slots.push((numel, t.shape()));
+            numel += t.numel();
         }
-        Ok(GradBuffer { store: self.id, slots })
+        let mut data = Vec::new();
+        data.try_reserve_exact(numel).map_err(|_| oom(numel.saturating_mul(std::mem::size_of::<T>())))?;
+        data.resize(numel, T::ZERO);
+        Ok(GradBuffer { store: self.id, data, slots })
     }
 }
 
-/// Gradients of a store's parameters, allocated once and reused every step. It carries
-/// its store's identity: [`Scope::backward_into`](crate::Scope::backward_into) and the
-/// optimizers refuse a buffer of another store with [`Error::WrongStore`].
+/// Gradients of a store's parameters, allocated once and reused every step: one
+/// contiguous buffer (see [`as_slice`](GradBuffer::as_slice), which a data-parallel
+/// all-reduce sends in one call) with a view per parameter, in the store's order. It
+/// carries its store's identity: [`Scope::backward_into`](crate::Scope::backward_into)
+/// and the optimizers refuse a buffer of another store with [`Error::WrongStore`].
 #[derive(Debug, Clone)]
 pub struct GradBuffer<T: Float = f32> {
     store: u64,
-    slots: Vec<Tensor<T>>,
+    data: Vec<T>,
+    /// Each parameter's offset in `data` and shape.
+    slots: Vec<(usize, Shape)>,
+}
+
+/// One parameter's gradient in a [`GradBuffer`]: its elements and shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Grad<'a, T> {
+    data: &'a [T],
+    shape: Shape,
+}
+
+impl<'a, T> Grad<'a, T> {
+    /// The elements, row-major.
+    pub fn data(&self) -> &'a [T] {
+        self.data
+    }
+
+    /// The parameter's shape.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// One parameter's gradient in a [`GradBuffer`], writable (for clipping or scaling).
+#[derive(Debug)]
+pub struct GradMut<'a, T> {
+    data: &'a mut [T],
+    shape: Shape,
+}
+
+impl<T> GradMut<'_, T> {
+    /// The elements, row-major.
+    pub fn data(&self) -> &[T] {
+        self.data
+    }
+
+    /// The elements, writable.
+    pub fn data_mut(&mut self) -> &mut [T] {
+        self.data
+    }
+
+    /// The parameter's shape.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
 }
 
 impl<T: Float> GradBuffer<T> {
-    /// Sets every gradient to zero (PyTorch's `optimizer.zero_grad()`).
+    /// Sets every gradient to zero (PyTorch's `optimizer.zero_grad()`): one fill.
     pub fn zero(&mut self) {
-        for s in &mut self.slots {
-            s.data_mut().fill(T::ZERO);
-        }
+        self.data.fill(T::ZERO);
     }
 
     /// The identity of the store this buffer was made for (see [`ParamStore::id`]).
@@ -289,25 +349,32 @@ impl<T: Float> GradBuffer<T> {
         id.resolve(op, self.store, self.slots.len(), "this buffer of", "slots", Location::caller())
     }
 
+    /// The elements of slot `i`.
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        let (at, shape) = self.slots[i];
+        at..at + shape.numel()
+    }
+
     /// The gradient of parameter `id`.
     ///
     /// # Errors
     /// [`Error::WrongStore`] for an id of another store; [`Error::UnknownParam`] for an id
     /// past the end.
     #[track_caller]
-    pub fn get(&self, id: ParamId) -> Result<&Tensor<T>> {
+    pub fn get(&self, id: ParamId) -> Result<Grad<'_, T>> {
         let i = self.slot_index("GradBuffer::get", id)?;
-        Ok(&self.slots[i])
+        Ok(Grad { data: &self.data[self.range(i)], shape: self.slots[i].1 })
     }
 
-    /// The gradient of parameter `id`, mutably (for clipping or scaling).
+    /// The gradient of parameter `id`, writable (for clipping or scaling).
     ///
     /// # Errors
     /// As [`GradBuffer::get`].
     #[track_caller]
-    pub fn get_mut(&mut self, id: ParamId) -> Result<&mut Tensor<T>> {
+    pub fn get_mut(&mut self, id: ParamId) -> Result<GradMut<'_, T>> {
         let i = self.slot_index("GradBuffer::get_mut", id)?;
-        Ok(&mut self.slots[i])
+        let range = self.range(i);
+        Ok(GradMut { data: &mut self.data[range], shape: self.slots[i].1 })
     }
 
     /// Number of slots.
@@ -320,23 +387,42 @@ impl<T: Float> GradBuffer<T> {
         self.slots.is_empty()
     }
 
-    /// Every gradient, in parameter order.
-    pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Tensor<T>)> {
-        let store = self.store;
-        self.slots.iter().enumerate().map(move |(i, t)| (ParamId { store, index: i as u32 }, t))
+    /// Every gradient, one after another in parameter order, as one slice.
+    pub fn as_slice(&self) -> &[T] {
+        &self.data
     }
 
-    /// Every gradient, mutably, in parameter order (for clipping or scaling).
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, &mut Tensor<T>)> {
+    /// Every gradient as one writable slice (for a collective over the whole buffer).
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+
+    /// Every gradient, in parameter order.
+    pub fn iter(&self) -> impl Iterator<Item = (ParamId, Grad<'_, T>)> {
         let store = self.store;
-        self.slots.iter_mut().enumerate().map(move |(i, t)| (ParamId { store, index: i as u32 }, t))
+        self.slots.iter().enumerate().map(move |(i, &(at, shape))| {
+            (ParamId { store, index: i as u32 }, Grad { data: &self.data[at..at + shape.numel()], shape })
+        })
+    }
+
+    /// Every gradient, writable, in parameter order (for clipping or scaling).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, GradMut<'_, T>)> {
+        let store = self.store;
+        let mut rest: &mut [T] = &mut self.data;
+        self.slots.iter().enumerate().map(move |(i, &(_, shape))| {
+            // The slots tile the buffer in order, so each takes the front of what is left.
+            let (data, tail) = std::mem::take(&mut rest).split_at_mut(shape.numel());
+            rest = tail;
+            (ParamId { store, index: i as u32 }, GradMut { data, shape })
+        })
     }
 
     pub(crate) fn shape(&self, index: usize) -> Option<Shape> {
-        self.slots.get(index).map(Tensor::shape)
+        self.slots.get(index).map(|&(_, shape)| shape)
     }
 
     pub(crate) fn slot_mut(&mut self, index: usize) -> &mut [T] {
-        self.slots[index].data_mut()
+        let range = self.range(index);
+        &mut self.data[range]
     }
 }

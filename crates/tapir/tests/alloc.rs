@@ -168,3 +168,57 @@ fn warmed_up_hvp_step_allocates_nothing() {
     assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
     assert!(hv.iter().flatten().any(|&v| v != 0.0) && hv.iter().flatten().all(|v| v.is_finite()));
 }
+
+/// Two layers, `part` picking which: a checkpointed block reading parameters.
+struct Block<'a> {
+    store: &'a ParamStore<f32>,
+    w: [tapir::ParamId; 2],
+}
+
+impl tapir::Checkpoint<f32> for Block<'_> {
+    fn forward<'c, 'e>(
+        &'e self,
+        s: &'c tapir::Scope<'c, 'e, f32>,
+        x: &[tapir::Var<'c, f32>],
+        part: u32,
+    ) -> tapir::Var<'c, f32> {
+        let w = s.param(self.store, self.w[part as usize]);
+        let h = x[0].matmul(w).relu();
+        (h.matmul(w) + x[0]).tanh()
+    }
+}
+
+/// Checkpointed blocks: the nested scopes, their tapes, the scratch arena's resets and the
+/// recomputation in backward reuse what the first step set up.
+#[test]
+fn warmed_up_checkpointed_step_allocates_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut store = ParamStore::<f32>::new();
+    let w0 = store.add("w0", Tensor::normal(&[16, 16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let w1 = store.add("w1", Tensor::normal(&[16, 16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let x = Tensor::normal(&[8, 16], 0.0, 1.0, &mut rng).unwrap();
+    let mut grads = store.zeros_like().unwrap();
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut counts = [0usize; 20];
+    for count in &mut counts {
+        let before = ALLOC.allocations();
+        grads.zero();
+        let block = Block { store: &store, w: [w0, w1] };
+        graph.scope(|s| {
+            let h = s.checkpoint_part(&block, 0, &[s.input(&x)]);
+            let h = s.checkpoint_part(&block, 1, &[h]);
+            s.backward_into(h.square().mean(), &mut grads).unwrap();
+        });
+        for (id, t) in store.iter_mut() {
+            let g = grads.get(id).unwrap();
+            for (p, d) in t.data_mut().iter_mut().zip(g.data()) {
+                *p -= 0.1 * d;
+            }
+        }
+        *count = ALLOC.allocations() - before;
+    }
+    assert!(counts[0] > 0, "the first step sets the arenas and tapes up");
+    assert!(counts[2..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+    assert!(graph.stats().scratch.high_water > 0, "the blocks ran on the scratch arena");
+}

@@ -37,6 +37,11 @@ impl CustomOp<f64> for Double {
     }
 }
 
+/// The example block of [`OpKind::Checkpoint`].
+fn identity<'c>(_: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    x[0]
+}
+
 /// The name a node of `kind` reports: the kind's, or for a custom op the op's own.
 fn name_of(kind: OpKind) -> &'static str {
     match kind {
@@ -137,6 +142,8 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         OpKind::ScatterAdd => x.scatter_add(0, &[1, 0], 3),
         OpKind::Col2Im => img.reshape(&[1, 4, 4]).col2im([4, 4], [2, 2], [2, 2], [0, 0]),
         OpKind::Custom => s.custom(&Double, &[x]),
+        // The identity, so that the only allocation is the checkpoint's own output.
+        OpKind::Checkpoint => s.checkpoint(&identity, &[x]),
         OpKind::Leaf | OpKind::Variable | OpKind::Param => unreachable!("leaves have examples of their own"),
         other => panic!("no example for {other:?}: add one"),
     }
@@ -215,7 +222,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 28);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 29);
 }
 
 #[test]

@@ -195,7 +195,9 @@ fn backward_through_recorded_gradients(kind: OpKind) {
 #[test]
 fn every_kind_has_an_exact_recorded_derivative() {
     let mut kinds = 0;
-    for kind in OpKind::all().filter(|&k| !is_leaf(k)) {
+    // A checkpoint has no recorded derivative by design (its recomputation records on a
+    // nested scope); `tests/checkpoint.rs` checks that `grad` through one is a typed error.
+    for kind in OpKind::all().filter(|&k| !is_leaf(k) && k != OpKind::Checkpoint) {
         kinds += 1;
         grad_matches_backward(kind);
         backward_through_recorded_gradients(kind);

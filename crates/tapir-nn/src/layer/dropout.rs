@@ -4,8 +4,13 @@
 //! The mask is drawn in the arena without touching the heap: `z ~ N(0, 1)` from the
 //! engine's `randn`, kept where `z > Φ⁻¹(p)`, which happens with probability `1 − p`.
 //! The gradient is `dx = dout ⊙ mask/(1 − p)`, through the engine's `mul`.
-
-use std::cell::RefCell;
+//!
+//! The random stream is counter-based: each call seeds a fresh generator from
+//! `(seed, step, call)`, where [`Scope::next_draw`](tapir::Scope::next_draw) gives the
+//! step (the graph's scope count) and the call's index within the scope. Nothing advances
+//! between calls, so a checkpointed block that is recomputed in backward draws the very
+//! masks its forward drew (the nested scope replays its draw keys), and every call of
+//! every step still gets a mask of its own.
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -13,12 +18,13 @@ use tapir::{Float, Var};
 
 use crate::layer::{Ctx, Module};
 
-/// Inverted dropout with its own seeded random stream (the same seed gives the same masks).
-#[derive(Debug)]
+/// Inverted dropout with a counter-based random stream: the same seed on a graph with
+/// the same history gives the same masks, and recomputation repeats them.
+#[derive(Debug, Clone, Copy)]
 pub struct Dropout {
     p: f64,
     threshold: f64,
-    rng: RefCell<StdRng>,
+    seed: u64,
 }
 
 impl Dropout {
@@ -31,7 +37,7 @@ impl Dropout {
         if !(0.0..1.0).contains(&p) {
             return Err(crate::invalid("Dropout::new", format!("probability {p} must be in [0, 1)")));
         }
-        Ok(Dropout { p, threshold: normal_quantile(p), rng: RefCell::new(StdRng::seed_from_u64(seed)) })
+        Ok(Dropout { p, threshold: normal_quantile(p), seed })
     }
 
     /// The drop probability.
@@ -47,10 +53,21 @@ impl<T: Float> Module<T> for Dropout {
         }
         let s = cx.scope();
         let (dims, rank) = crate::dims(x.shape());
-        let z = s.randn(&dims[..rank], &mut *self.rng.borrow_mut());
+        let [step, call] = s.next_draw();
+        let mut rng = StdRng::seed_from_u64(mix(mix(mix(self.seed) ^ step) ^ call));
+        let z = s.randn(&dims[..rank], &mut rng);
         let mask = z.gt(s.scalar(T::from_f64(self.threshold)));
         x * mask.mul_scalar(T::from_f64(1.0 / (1.0 - self.p)))
     }
+}
+
+/// SplitMix64's finaliser: a bijection on `u64` that spreads each input bit over the
+/// output, so that nearby keys give unrelated seeds.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// `Φ⁻¹(p)`, the standard normal quantile, by Acklam's rational approximation (relative
@@ -133,15 +150,30 @@ mod tests {
     }
 
     #[test]
-    fn same_seed_same_mask() {
+    fn same_seed_same_mask_and_a_new_mask_per_call_and_step() {
         let x = Tensor::<f32>::ones(&[64]).unwrap();
         let store = ParamStore::new();
-        let mut g = Graph::new();
-        let mut run = |seed| {
+        // Two calls in each of two steps, on a fresh graph.
+        let run = |seed| {
             let d = Dropout::new(0.5, seed).unwrap();
-            g.scope(|s| d.forward(Ctx::train(s, &store), s.input(&x)).to_tensor().unwrap())
+            let mut g = Graph::new();
+            let mut masks = vec![];
+            for _ in 0..2 {
+                g.scope(|s| {
+                    for _ in 0..2 {
+                        masks.push(d.forward(Ctx::train(s, &store), s.input(&x)).to_tensor().unwrap());
+                    }
+                });
+            }
+            masks
         };
-        assert_eq!(run(3), run(3));
-        assert_ne!(run(3), run(4));
+        let (a, b) = (run(3), run(3));
+        assert_eq!(a, b);
+        assert_ne!(a, run(4));
+        for i in 0..4 {
+            for j in 0..i {
+                assert_ne!(a[i], a[j], "calls {i} and {j} drew the same mask");
+            }
+        }
     }
 }

@@ -21,7 +21,7 @@ pub use linear::{Linear, Mlp, MlpBuilder};
 pub use norm::LayerNorm;
 pub use transformer::{Gpt, GptConfig, PositionalEmbedding, TransformerBlock};
 
-use tapir::{Float, ParamId, ParamStore, Scope, Var};
+use tapir::{Checkpoint, Float, ParamId, ParamStore, Scope, Var};
 
 /// What a layer sees during one scope: the scope, the store holding the parameters,
 /// whether the model is training (dropout active) or evaluating, and, for a functional
@@ -218,6 +218,80 @@ impl<T: Float> Sequential<T> {
     /// Whether there are no layers.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
+    }
+
+    /// This stack recorded with a checkpoint around every `every` layers (the last group
+    /// may be shorter): each group's intermediate values are freed after its forward and
+    /// recomputed during backward (see [`Scope::checkpoint`]). The layers read their
+    /// parameters from `store`. Make the view before the scope, since the scope's
+    /// backward calls it again:
+    ///
+    /// ```
+    /// use rand::SeedableRng;
+    /// use tapir_nn::{Activation, Ctx, Linear, Sequential};
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    /// let mut store = tapir::ParamStore::<f32>::new();
+    /// let mut model = Sequential::new();
+    /// for i in 0..8 {
+    ///     model = model.push(Linear::new(&mut store, &format!("fc{i}"), 16, 16, &mut rng)?).push(Activation::Relu);
+    /// }
+    /// let x = tapir::Tensor::<f32>::normal(&[4, 16], 0.0, 1.0, &mut rng)?;
+    /// let mut grads = store.zeros_like()?;
+    /// let mut graph = tapir::Graph::new();
+    /// let checkpointed = model.checkpointed(&store, 4)?; // groups of 4: two checkpoints
+    /// graph.scope(|s| {
+    ///     let y = checkpointed.forward(Ctx::train(s, &store), s.input(&x));
+    ///     s.backward_into(y.square().mean(), &mut grads)
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`tapir::Error::InvalidArgument`] if `every` is 0.
+    #[track_caller]
+    pub fn checkpointed<'a>(&'a self, store: &'a ParamStore<T>, every: usize) -> tapir::Result<Checkpointed<'a, T>> {
+        if every == 0 {
+            return Err(crate::invalid("Sequential::checkpointed", "a group must hold at least one layer".into()));
+        }
+        Ok(Checkpointed { layers: &self.layers, store, every })
+    }
+}
+
+/// A [`Sequential`] recorded with a checkpoint every few layers; made by
+/// [`Sequential::checkpointed`].
+pub struct Checkpointed<'a, T: Float> {
+    layers: &'a [Box<dyn Module<T>>],
+    store: &'a ParamStore<T>,
+    every: usize,
+}
+
+impl<'a, T: Float> Checkpointed<'a, T> {
+    /// Applies the layers to `x`, one checkpoint per group. Borrowed for `'g`, so the view
+    /// must be made before the scope.
+    #[track_caller]
+    pub fn forward<'s, 'g>(&'g self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
+        let s = cx.scope();
+        let mut x = x;
+        // A checkpoint's `part` holds the group's index and whether this is training.
+        let groups = self.layers.len().div_ceil(self.every);
+        for group in 0..groups {
+            let part = u32::try_from(group).map_or(u32::MAX, |g| (g << 1) | u32::from(cx.is_train()));
+            x = s.checkpoint_part(self, part, &[x]);
+        }
+        x
+    }
+}
+
+impl<T: Float> Checkpoint<T> for Checkpointed<'_, T> {
+    fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, T>, x: &[Var<'c, T>], part: u32) -> Var<'c, T> {
+        let cx = if part & 1 == 1 { Ctx::train(s, self.store) } else { Ctx::eval(s, self.store) };
+        let start = (part >> 1) as usize * self.every;
+        let mut h = x[0];
+        for layer in &self.layers[start..(start + self.every).min(self.layers.len())] {
+            h = layer.forward(cx, h);
+        }
+        h
     }
 }
 

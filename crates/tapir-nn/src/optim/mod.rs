@@ -81,7 +81,7 @@ pub fn clip_grad_norm<T: Float>(store: &ParamStore<T>, grads: &mut GradBuffer<T>
     if norm.is_finite() && norm > max_norm {
         // In f64 first: max_norm/norm is in (0, 1), so it cannot overflow `T`.
         let scale = T::from_f64(max_norm / (norm + 1e-6));
-        for (_, g) in grads.iter_mut() {
+        for (_, mut g) in grads.iter_mut() {
             g.data_mut().iter_mut().for_each(|v| *v *= scale);
         }
     }

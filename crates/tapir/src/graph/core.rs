@@ -89,7 +89,18 @@ impl<'s, T: Float> Core<'s, T> {
         op: &'static str,
         f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
     ) -> Var<'s, T> {
-        let location = Location::caller();
+        self.record_at(op, Location::caller(), f)
+    }
+
+    /// [`record_as`](Core::record_as) with the caller's location given, for recording
+    /// from inside a closure (which `#[track_caller]` does not pass through).
+    #[inline(always)]
+    pub(crate) fn record_at(
+        &'s self,
+        op: &'static str,
+        location: Loc,
+        f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
+    ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
         if tape.error.is_some() {
             return self.poison();

@@ -19,6 +19,7 @@ use crate::graph::backward::{self, Seed};
 use crate::graph::core::Core;
 use crate::graph::tape::{Spare, Tape};
 use crate::graph::Var;
+use crate::ops::checkpoint::Nest;
 use crate::ops::Op;
 use crate::params::{GradBuffer, ParamId, ParamStore};
 use crate::shape::Shape;
@@ -34,9 +35,14 @@ use crate::Float;
 pub struct Graph<T: Float = f32> {
     arena: Arena,
     spare: Spare<T>,
+    /// Where checkpointed blocks record, reset after each block's forward and after each
+    /// block's recomputation (see [`Scope::checkpoint`]).
+    scratch: Scratch<T>,
     par: Par,
     anomaly: bool,
     last: GraphStats,
+    /// Scopes run so far (see [`Scope::next_draw`]).
+    steps: u64,
 }
 
 /// What a scope recorded and how much memory it used.
@@ -48,6 +54,10 @@ pub struct GraphStats {
     pub tape_bytes: usize,
     /// Arena use: bytes in use, high-water mark, capacity.
     pub arena: ArenaStats,
+    /// The scratch arena of checkpointed blocks (see [`Scope::checkpoint`]): its
+    /// high-water mark is one block's forward, or one block's recomputation and backward.
+    /// The graph's peak is at most `arena.high_water + scratch.high_water`.
+    pub scratch: ArenaStats,
 }
 
 impl<T: Float> Default for Graph<T> {
@@ -62,9 +72,11 @@ impl<T: Float> Graph<T> {
         Graph {
             arena: Arena::new(),
             spare: Spare::default(),
+            scratch: Scratch::default(),
             par: faer::get_global_parallelism(),
             anomaly: false,
             last: GraphStats::default(),
+            steps: 0,
         }
     }
 
@@ -72,6 +84,7 @@ impl<T: Float> Graph<T> {
     /// fails with [`Error::ArenaLimit`]. `None` removes the cap.
     pub fn set_arena_limit(&mut self, bytes: Option<usize>) {
         self.arena.set_limit(bytes);
+        self.scratch.arena.borrow_mut().set_limit(bytes);
     }
 
     /// Threads for matrix products: 1 runs them on the calling thread, `n > 1` on `n`
@@ -98,7 +111,7 @@ impl<T: Float> Graph<T> {
 
     /// Statistics of the last scope (nodes, tape bytes) and of the arena now.
     pub fn stats(&self) -> GraphStats {
-        GraphStats { arena: self.arena.stats(), ..self.last }
+        GraphStats { arena: self.arena.stats(), scratch: self.scratch.arena.borrow().stats(), ..self.last }
     }
 
     /// Records one iteration: runs `f` with a fresh scope, then frees everything it
@@ -179,16 +192,24 @@ impl<T: Float> Graph<T> {
     /// ```
     pub fn scope<'g, R>(&'g mut self, f: impl for<'s> FnOnce(&'s Scope<'s, 'g, T>) -> R) -> R {
         self.arena.reset();
+        // Normally empty already: each block resets it; a block that panicked did not.
+        self.scratch.arena.get_mut().reset();
         let out = {
-            let scope = Scope {
-                core: Core::new(&self.arena, Tape::from_spare(&mut self.spare), self.par, self.anomaly),
-                _env: PhantomData,
-            };
+            let mut tape = Tape::from_spare(&mut self.spare);
+            tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });
+            tape.step = self.steps;
+            self.steps += 1;
+            let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), _env: PhantomData };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.
             let mut tape = scope.core.tape.borrow_mut();
-            self.last = GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.arena.stats() };
+            self.last = GraphStats {
+                nodes: tape.nodes.len(),
+                tape_bytes: tape.bytes(),
+                arena: self.arena.stats(),
+                scratch: self.scratch.arena.borrow().stats(),
+            };
             tape.drain_into(&mut self.spare);
             out
         };
@@ -209,6 +230,8 @@ impl<T: Float> Graph<T> {
     pub fn shrink_to_fit(&mut self) {
         self.arena.shrink_to_fit();
         Tape::shrink(&mut self.spare);
+        self.scratch.arena.get_mut().shrink_to_fit();
+        Tape::shrink(self.scratch.spare.get_mut());
     }
 }
 
@@ -438,6 +461,18 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         Ok(())
     }
 
+    /// A key for one random draw: `[step, call]`, where `step` counts the scopes this
+    /// graph ran before this one and `call` counts the earlier calls in this scope. A
+    /// random op seeds a counter-based stream with it (and a seed of its own), so that it
+    /// draws afresh at every call and every step, yet the same when a checkpointed block
+    /// is recomputed in backward: the block's scope replays the keys of its forward.
+    /// `tapir_nn::Dropout` draws its masks this way.
+    pub fn next_draw(&self) -> [u64; 2] {
+        let mut tape = self.core.tape.borrow_mut();
+        tape.draws += 1;
+        [tape.step, tape.draws - 1]
+    }
+
     /// The scope's first error, if an op failed.
     ///
     /// # Errors
@@ -452,6 +487,70 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Nodes recorded so far, tape bytes and arena use, now.
     pub fn stats(&self) -> GraphStats {
         let tape = self.core.tape.borrow();
-        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats() }
+        let scratch = tape.nest.map_or_else(ArenaStats::default, |n| n.scratch::<T>().arena.borrow().stats());
+        GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats(), scratch }
     }
+}
+
+/// The scratch arena and the tape buffers that checkpointed blocks record on, kept by the
+/// graph between scopes like the main ones.
+pub(crate) struct Scratch<T: 'static> {
+    arena: RefCell<Arena>,
+    spare: RefCell<Spare<T>>,
+}
+
+impl<T: Float> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch { arena: RefCell::new(Arena::new()), spare: RefCell::default() }
+    }
+}
+
+impl<T> std::fmt::Debug for Scratch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("arena", &self.arena).finish_non_exhaustive()
+    }
+}
+
+/// Runs `f` on a fresh scope nested in a scope `'s`: its own tape, on the scratch arena
+/// of `nest`, with `inputs` entering as leaves that borrow their values (a gradient-
+/// requesting leaf where `inputs` says so). When `f` returns, the nested tape goes back
+/// to the scratch buffers and the scratch arena is reset, so nothing the block made
+/// survives: `f`'s result cannot mention `'c`.
+///
+/// The nested scope's environment lifetime is `'s`: what it borrows must outlive the
+/// outer scope, not only the nested one.
+pub(crate) fn nested<'s, T: Float, R>(
+    nest: Nest<'s>,
+    inputs: impl Iterator<Item = (bool, Shape, &'s [T])>,
+    f: impl for<'c> FnOnce(&'c Scope<'c, 's, T>, &[Var<'c, T>]) -> R,
+) -> R {
+    let scratch = nest.scratch::<T>();
+    let arena = scratch.arena.borrow();
+    let tape = Tape::from_spare(&mut scratch.spare.borrow_mut());
+    let out = {
+        // A nested scope has no `nest` of its own: a checkpoint inside it runs inline.
+        let scope = Scope { core: Core::new(&arena, tape, nest.par, nest.anomaly), _env: PhantomData };
+        // The handles go on the stack (a block has few inputs), else in a `Vec`.
+        const SMALL: usize = 16;
+        let (mut small, mut spill, mut n) = ([scope.core.poison(); SMALL], Vec::new(), 0);
+        for (grad, shape, value) in inputs {
+            let kind = if grad { Op::Variable } else { Op::Leaf };
+            let v = scope.core.leaf(kind, shape, value);
+            if n < SMALL {
+                small[n] = v;
+            } else {
+                if spill.is_empty() {
+                    spill.extend_from_slice(&small);
+                }
+                spill.push(v);
+            }
+            n += 1;
+        }
+        let out = f(&scope, if n <= SMALL { &small[..n] } else { &spill });
+        scope.core.tape.borrow_mut().drain_into(&mut scratch.spare.borrow_mut());
+        out
+    };
+    drop(arena);
+    scratch.arena.borrow_mut().reset();
+    out
 }

@@ -10,6 +10,7 @@
 use crate::error::{Error, Loc, Result};
 use crate::graph::id::NodeMap;
 use crate::graph::NodeId;
+use crate::ops::checkpoint::{CheckpointEntry, Nest};
 use crate::ops::custom::{CustomEntry, CustomScratch};
 use crate::ops::{Inputs, Op};
 use crate::shape::Shape;
@@ -47,6 +48,11 @@ pub(crate) struct Tape<'s, T> {
     pub custom: Vec<CustomEntry<'s, T>>,
     /// The lists custom ops' callbacks read and write, reused from op to op.
     pub custom_scratch: CustomScratch<'s, T>,
+    /// The checkpoint side table: `Op::Checkpoint { table, .. }` is row `table`.
+    pub checkpoints: Vec<CheckpointEntry<'s, T>>,
+    /// Where checkpointed blocks record (the graph's scratch arena); `None` on a scope
+    /// nested in a checkpoint, where a checkpoint runs inline.
+    pub nest: Option<Nest<'s>>,
     /// Where each node was recorded; filled only while anomaly detection is on.
     pub locs: Vec<Loc>,
     /// Gradients after a backward pass (`None`: none reached the node).
@@ -61,6 +67,10 @@ pub(crate) struct Tape<'s, T> {
     pub consumed: bool,
     /// Depth of nested `no_grad` regions.
     pub no_grad: u32,
+    /// The graph's scope count when this scope began, and the next draw index within it
+    /// (see `Scope::next_draw`).
+    pub step: u64,
+    pub draws: u64,
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -71,6 +81,7 @@ pub(crate) struct Spare<T: 'static> {
     extra: Vec<u32>,
     custom: Vec<CustomEntry<'static, T>>,
     custom_scratch: CustomScratch<'static, T>,
+    checkpoints: Vec<CheckpointEntry<'static, T>>,
     locs: Vec<Loc>,
     grads: Vec<Option<&'static [T]>>,
     slots: Vec<Slot<'static>>,
@@ -102,12 +113,16 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             extra: std::mem::take(&mut spare.extra),
             custom: recycle(std::mem::take(&mut spare.custom)),
             custom_scratch: std::mem::take(&mut spare.custom_scratch).recycle(),
+            checkpoints: recycle(std::mem::take(&mut spare.checkpoints)),
+            nest: None,
             locs: std::mem::take(&mut spare.locs),
             grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
             slots: NodeMap::from_vec(recycle(std::mem::take(&mut spare.slots))),
             error: None,
             consumed: false,
             no_grad: 0,
+            step: 0,
+            draws: 0,
         }
     }
 
@@ -119,6 +134,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.extra = Vec::new();
         spare.locs = Vec::new();
         spare.grads = Vec::new();
+        spare.checkpoints = Vec::new();
         spare.slots = Vec::new();
     }
 
@@ -133,6 +149,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.extra.clear();
         spare.custom = recycle(std::mem::take(&mut self.custom));
         spare.custom_scratch = std::mem::take(&mut self.custom_scratch).recycle();
+        spare.checkpoints = recycle(std::mem::take(&mut self.checkpoints));
         spare.locs = std::mem::take(&mut self.locs);
         spare.locs.clear();
     }
@@ -259,6 +276,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             + self.shapes.len() * std::mem::size_of::<Shape>()
             + self.extra.len() * 4
             + self.custom.len() * std::mem::size_of::<CustomEntry<'_, T>>()
+            + self.checkpoints.len() * std::mem::size_of::<CheckpointEntry<'_, T>>()
     }
 }
 

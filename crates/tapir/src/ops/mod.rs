@@ -14,6 +14,7 @@
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
 //! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
+//! | `checkpoint.rs`| checkpointed blocks ([`Checkpoint`]), recomputed during backward          |
 //!
 //! Each op has two derivatives side by side: `backward`, the fast pass that accumulates
 //! into buffers ([`Scope::backward`](crate::Scope::backward)), and `grad`, which records the
@@ -29,6 +30,7 @@
 //! or the scope's internals; the tape and the backward walk depend on `Op`.
 
 pub(crate) mod binary;
+pub(crate) mod checkpoint;
 pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod loss;
@@ -40,6 +42,7 @@ pub(crate) mod softmax;
 pub(crate) mod unary;
 
 pub use binary::BinaryFn;
+pub use checkpoint::Checkpoint;
 pub use custom::{CustomError, CustomInputs, CustomOp};
 pub use unary::UnaryFn;
 
@@ -145,6 +148,9 @@ op_kinds! {
     /// A user-defined op ([`CustomOp`]). `"custom"` is the kind's name only: errors,
     /// anomaly reports, dumps and memory reports name each node by [`CustomOp::name`].
     Custom => "custom",
+    /// A checkpointed block ([`Checkpoint`]): only its inputs and output are kept, its
+    /// intermediates are recomputed during backward.
+    Checkpoint => "checkpoint",
 }
 
 /// One recorded operation.
@@ -282,6 +288,13 @@ pub(crate) enum Op<'s, T> {
         first: u32,
         count: u32,
     },
+    /// A checkpointed block: row `table` of the tape's checkpoint table; inputs (the
+    /// block's own, then the parameters it read) are the ids stored at `first`.
+    Checkpoint {
+        table: u32,
+        first: u32,
+        count: u32,
+    },
 }
 
 /// Where an op's inputs are: in the variant, or stored on the tape (see `Tape::for_each_input`).
@@ -327,6 +340,7 @@ impl<'s, T> Op<'s, T> {
             ScatterAdd { .. } => OpKind::ScatterAdd,
             Col2Im { .. } => OpKind::Col2Im,
             Custom { .. } => OpKind::Custom,
+            Checkpoint { .. } => OpKind::Checkpoint,
         }
     }
 
@@ -347,7 +361,9 @@ impl<'s, T> Op<'s, T> {
             Binary { a, b, .. } | MatMul { a, b } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
-            Concat { first, count, .. } | Custom { first, count, .. } => Inputs::Stored { at: first, count },
+            Concat { first, count, .. } | Custom { first, count, .. } | Checkpoint { first, count, .. } => {
+                Inputs::Stored { at: first, count }
+            }
             Unary { x, .. }
             | Reshape { x }
             | Permute { x, .. }
@@ -407,6 +423,7 @@ impl<'s, T: Float> Op<'s, T> {
             ScatterAdd { x, axis, idx } => scatter::backward_scatter_add(ctx, out, x, axis, idx),
             Col2Im { x, geom } => conv::backward_col2im(ctx, out, x, geom),
             Custom { table, first, count } => custom::backward(ctx, out, table, first, count),
+            Checkpoint { table, first, count } => checkpoint::backward(ctx, out, table, first, count),
         }
     }
 
@@ -444,6 +461,7 @@ impl<'s, T: Float> Op<'s, T> {
             ScatterAdd { x, axis, idx } => scatter::grad_scatter_add(ctx, g, x, axis, idx),
             Col2Im { x, geom } => conv::grad_col2im(ctx, g, x, geom),
             Custom { table, first, count } => custom::grad(ctx, out, g, table, first, count),
+            Checkpoint { table, .. } => checkpoint::grad(ctx, table),
         }
     }
 }

@@ -1,0 +1,49 @@
+//! W8 on its own, one configuration per process so that peak RSS belongs to it:
+//!
+//! ```sh
+//! cargo build --release -p benches --example w8
+//! TAPIR_THREADS=2 target/release/examples/w8 plain
+//! TAPIR_THREADS=2 target/release/examples/w8 checkpoint
+//! ```
+//!
+//! Prints the median ms per step (6 steps, the first 2 warm up, as `just compare`), the
+//! peak RSS and the arena high-water mark (main + scratch).
+
+use std::time::Instant;
+
+fn main() {
+    let checkpoint = match std::env::args().nth(1).as_deref() {
+        Some("plain") => false,
+        Some("checkpoint") => true,
+        _ => {
+            eprintln!("usage: w8 plain|checkpoint");
+            std::process::exit(2);
+        }
+    };
+    let threads = benches::threads();
+    let mut g = benches::graph(threads);
+    let mut mlp = benches::DeepMlp::new(checkpoint);
+    let mut times = Vec::new();
+    let mut loss = 0.0;
+    for step in 1..=6 {
+        let t = Instant::now();
+        loss = mlp.step(&mut g);
+        if step > 2 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let st = g.stats();
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    println!(
+        "w8 {} threads {threads}: {:.0} ms/step (steps 3-6: {:?}), peak RSS {:.0} MiB, arena high-water {:.0} MiB \
+         (main {:.0} + scratch {:.0}), loss {loss}",
+        if checkpoint { "checkpoint-every-4" } else { "plain" },
+        (times[1] + times[2]) / 2.0,
+        times.iter().map(|t| t.round()).collect::<Vec<_>>(),
+        benches::rss::peak_kib().unwrap_or(0) as f64 / 1024.0,
+        mib(st.arena.high_water + st.scratch.high_water),
+        mib(st.arena.high_water),
+        mib(st.scratch.high_water),
+    );
+}

@@ -1,0 +1,444 @@
+//! Gradient checkpointing: [`Checkpoint`], recorded with [`Scope::checkpoint`].
+//!
+//! Forward: the block runs on a scope nested in the caller's, which records on the
+//! graph's *scratch arena*. Its output is copied into the main arena, the node
+//! `Op::Checkpoint { table, first, count }` is recorded, and the scratch arena is reset:
+//! of the block, only its inputs (already on the tape) and its output stay.
+//!
+//! Backward, with `dout = ∂L/∂out`: the block runs again on a fresh nested scope from the
+//! same inputs, a backward pass over that nested tape is seeded with `dout` (a
+//! vector-Jacobian product, as [`Scope::backward_with`]), the nested leaves' gradients are
+//! added into the inputs' gradients on the outer tape, and the scratch arena is reset
+//! again. So the scratch arena holds one block at a time, and the main arena never holds
+//! a block's intermediates.
+//!
+//! Parameters: a block reads parameters through the nested scope (`s.param(store, id)`).
+//! After the block's forward, every parameter node of the nested tape is copied to the
+//! outer tape as a parameter node of its own (same store identity and index, same shape,
+//! an empty value: nothing reads it) and becomes an extra input of the checkpoint node,
+//! so that backward routes the parameters' gradients to them and
+//! [`Scope::backward_into`] finds them like any other parameter. The recomputation must
+//! read the same parameters in the same order; it is checked.
+//!
+//! Storage: `table` indexes the tape's side table of [`CheckpointEntry`]s, each a
+//! borrowed `&'s dyn Checkpoint<T>` (the caller lends it for `'g`), the caller's `part`
+//! number, the count of explicit inputs and the caller's location. As for custom ops,
+//! nothing is boxed and the table is recycled between scopes.
+//!
+//! Nesting: a checkpoint recorded inside a checkpointed block runs inline (its block is
+//! simply part of the outer block, recomputed with it), since the scratch arena holds the
+//! outer block meanwhile. Only the outermost level saves memory.
+
+use std::any::Any;
+use std::panic::Location;
+
+use faer::Par;
+
+use crate::error::{Error, Loc, Result};
+use crate::graph::backward::{self, Seed};
+use crate::graph::{nested, NodeId, Scope, Scratch, Var};
+use crate::kernels;
+use crate::ops::{Op, OpKind};
+use crate::record::{alloc_error, BackwardCtx, GradCtx};
+use crate::Float;
+
+/// A block of ops to checkpoint: its intermediate values are not kept for backward but
+/// recomputed from its inputs, trading compute for memory (PyTorch's
+/// `torch.utils.checkpoint`, JAX's `jax.checkpoint`).
+///
+/// `forward` records the block on the scope it is given, from `inputs`, and returns its
+/// one output. It runs once in the forward pass and once more during backward, so it
+/// must be deterministic: the same ops on the same shapes, reading the same parameters in
+/// the same order (random draws keyed by something other than a generator it advances;
+/// see `tapir_nn::Dropout`). The scope is nested: its handles (`'c`) cannot leave it, and
+/// what it borrows must live for `'e`, the block's own borrow, so a block that reads
+/// parameters holds a reference to their store.
+///
+/// A plain function `fn(&Scope, &[Var]) -> Var` is a block (the `part` is ignored):
+///
+/// ```
+/// use tapir::{Graph, Scope, Tensor, Var};
+/// # fn main() -> Result<(), tapir::Error> {
+/// fn block<'c>(s: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+///     (x[0] * x[0]).exp() + s.scalar(1.0) // y = exp(x²) + 1
+/// }
+/// let x = Tensor::from_vec(vec![0.5, -1.0], &[2])?;
+/// let mut g = Graph::<f64>::new();
+/// let dx = g.scope(|s| {
+///     let x = s.leaf(&x);
+///     let y = s.checkpoint(&block, &[x]);
+///     s.backward(y.sum())?; // dL/dx = 2x·exp(x²)
+///     Ok::<_, tapir::Error>(x.grad().unwrap().to_vec())
+/// })?;
+/// assert!((dx[0] - 1.0 * 0.25f64.exp()).abs() < 1e-12);
+/// assert!((dx[1] + 2.0 * 1.0f64.exp()).abs() < 1e-12);
+/// # Ok(()) }
+/// ```
+pub trait Checkpoint<T: Float> {
+    /// Records the block on `s` from `inputs`. `part` is the number given to
+    /// [`Scope::checkpoint_part`] (0 for [`Scope::checkpoint`]), so that one object can
+    /// stand for several blocks (the chunks of a layer stack, say).
+    fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, T>, inputs: &[Var<'c, T>], part: u32) -> Var<'c, T>;
+}
+
+impl<T: Float, F> Checkpoint<T> for F
+where
+    F: for<'c, 'e> Fn(&'c Scope<'c, 'e, T>, &[Var<'c, T>]) -> Var<'c, T>,
+{
+    fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, T>, inputs: &[Var<'c, T>], _part: u32) -> Var<'c, T> {
+        self(s, inputs)
+    }
+}
+
+/// What a scope needs to record a checkpointed block: the graph's scratch arena and the
+/// scope's settings.
+///
+/// The scratch is held as `dyn Any` (a [`Scratch<T>`](crate::graph::Scratch)) because
+/// the tape's type has no `T: 'static` bound to name it with; every use downcasts it back
+/// (see [`Nest::scratch`]), which cannot fail, since only `Graph<T>::scope` makes one.
+#[derive(Clone, Copy)]
+pub(crate) struct Nest<'s> {
+    pub(crate) scratch: &'s dyn Any,
+    pub(crate) par: Par,
+    pub(crate) anomaly: bool,
+}
+
+impl<'s> Nest<'s> {
+    pub(crate) fn scratch<T: Float>(self) -> &'s Scratch<T> {
+        self.scratch.downcast_ref().expect("a scope's scratch arena has the scope's element type")
+    }
+}
+
+impl std::fmt::Debug for Nest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nest").field("anomaly", &self.anomaly).finish_non_exhaustive()
+    }
+}
+
+/// One row of a scope's checkpoint side table: `Copy`, so the table clears in O(1).
+#[derive(Clone, Copy)]
+pub(crate) struct CheckpointEntry<'s, T> {
+    block: &'s (dyn Checkpoint<T> + 's),
+    part: u32,
+    /// How many of the node's stored inputs are the block's own; the rest are parameters.
+    inputs: u32,
+    /// The scope's draw count when the block began (see [`Scope::next_draw`]), replayed by
+    /// the recomputation.
+    draws: u64,
+    location: Loc,
+}
+
+impl<T> std::fmt::Debug for CheckpointEntry<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "checkpoint part {} ({} inputs, recorded at {})", self.part, self.inputs, self.location)
+    }
+}
+
+fn nondeterministic(detail: String, location: Loc) -> Error {
+    Error::InvalidArgument {
+        op: "checkpoint",
+        detail: format!("{detail}; a checkpointed block must record the same ops when recomputed"),
+        location,
+    }
+}
+
+impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
+    /// Records `block` on `inputs` as one checkpointed node: the block's intermediate
+    /// values are freed as soon as its forward returns and recomputed during backward (see
+    /// [`Checkpoint`]). The gradients are those of the block recorded directly.
+    ///
+    /// `block` is borrowed for `'g`: it must outlive the scope, because backward calls it
+    /// again. A block made inside the scope cannot be recorded:
+    ///
+    /// ```compile_fail
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// struct Scale(f32);
+    /// impl Checkpoint<f32> for Scale {
+    ///     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    ///         x[0].mul_scalar(self.0)
+    ///     }
+    /// }
+    /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let mut g = Graph::<f32>::new();
+    /// g.scope(|s| {
+    ///     let block = Scale(2.0); // made in the scope: does not live for 'g
+    ///     let _ = s.checkpoint(&block, &[s.leaf(&x)]);
+    /// });
+    /// ```
+    ///
+    /// and its twin, with the block made before the scope, compiles:
+    ///
+    /// ```
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// # struct Scale(f32);
+    /// # impl Checkpoint<f32> for Scale {
+    /// #     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    /// #         x[0].mul_scalar(self.0)
+    /// #     }
+    /// # }
+    /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let block = Scale(2.0);
+    /// let mut g = Graph::<f32>::new();
+    /// let y = g.scope(|s| s.checkpoint(&block, &[s.leaf(&x)]).to_tensor()).unwrap();
+    /// assert_eq!(y.data(), [2.0, 2.0]);
+    /// ```
+    ///
+    /// Inside a checkpointed block, a checkpoint runs inline (its ops become part of the
+    /// enclosing block). Second-order gradients through a checkpoint are not supported:
+    /// [`Scope::grad`] through one is an [`Error::InvalidArgument`] naming `grad`.
+    ///
+    /// # Errors
+    /// Recorded as the scope's error: any error the block records (as it names it); the
+    /// arena's errors. In backward, the same, and [`Error::InvalidArgument`] naming
+    /// `checkpoint` if the recomputation records a different output shape or different
+    /// parameters than the forward did.
+    #[track_caller]
+    pub fn checkpoint(&'s self, block: &'g dyn Checkpoint<T>, inputs: &[Var<'s, T>]) -> Var<'s, T> {
+        self.checkpoint_at(block, 0, inputs, Location::caller())
+    }
+
+    /// As [`checkpoint`](Scope::checkpoint), passing `part` to [`Checkpoint::forward`].
+    #[track_caller]
+    pub fn checkpoint_part(&'s self, block: &'g dyn Checkpoint<T>, part: u32, inputs: &[Var<'s, T>]) -> Var<'s, T> {
+        self.checkpoint_at(block, part, inputs, Location::caller())
+    }
+
+    fn checkpoint_at(
+        &'s self,
+        block: &'g dyn Checkpoint<T>,
+        part: u32,
+        inputs: &[Var<'s, T>],
+        location: Loc,
+    ) -> Var<'s, T> {
+        let nest = {
+            let tape = self.core.tape.borrow();
+            if tape.error.is_some() {
+                return self.core.poison();
+            }
+            tape.nest
+        };
+        let Some(nest) = nest else {
+            // Nested in a checkpointed block: the scratch arena is busy with that block,
+            // which this one simply becomes part of.
+            return block.forward(self, inputs, part);
+        };
+        let count = match u32::try_from(inputs.len()) {
+            Ok(n) => n,
+            Err(_) => {
+                return self.core.fail(Error::InvalidArgument {
+                    op: "checkpoint",
+                    detail: format!("takes at most {} inputs, got {}", u32::MAX, inputs.len()),
+                    location,
+                })
+            }
+        };
+        let leaves = {
+            let tape = self.core.tape.borrow();
+            inputs.iter().map(|x| tape.node(x.id)).map(|n| (n.requires_grad, n.shape, n.value)).collect_small()
+        };
+        let block: &'s dyn Checkpoint<T> = block;
+        let (step, draws) = {
+            let tape = self.core.tape.borrow();
+            (tape.step, tape.draws)
+        };
+        let recorded = nested(nest, leaves.iter().copied(), |inner, vars| {
+            replay(inner, step, draws);
+            let y = block.forward(inner, vars, part);
+            let tape = inner.core.tape.borrow();
+            self.core.tape.borrow_mut().draws = tape.draws;
+            if let Some(e) = &tape.error {
+                return Err(e.clone());
+            }
+            let node = tape.node(y.id);
+            // The block's parameters become parameter nodes of the outer tape, in order.
+            let mut params = Vec::new().into_iter().collect_small();
+            for n in tape.nodes.iter().map(|n| tape.view(n)) {
+                if let Op::Param(at) = n.op {
+                    let payload = [tape.extra[at as usize], tape.extra[at as usize + 1], tape.extra[at as usize + 2]];
+                    let p = self.core.record_at(OpKind::Param.name(), location, |r| {
+                        Ok((Op::Param(r.extra(payload)?), n.shape, &[]))
+                    });
+                    params.push(p.id);
+                }
+            }
+            let out = self.core.record_at(OpKind::Checkpoint.name(), location, |r| {
+                let value = r.alloc_iter(node.value.iter().copied())?;
+                let first = r.store_ids(inputs.iter().map(|x| x.id))?;
+                // Each call appends right after the previous one, so the list stays contiguous.
+                for &p in params.iter() {
+                    r.store_ids([p])?;
+                }
+                let table = u32::try_from(r.tape.checkpoints.len()).map_err(|_| Error::TapeFull {
+                    op: r.op,
+                    len: r.tape.checkpoints.len(),
+                    location,
+                })?;
+                r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, location });
+                let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
+                Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
+            });
+            Ok(out)
+        });
+        recorded.unwrap_or_else(|e| self.core.fail(e))
+    }
+}
+
+/// A short list on the stack: the ids and leaves of a checkpoint are few, and collecting
+/// them into a `Vec` would allocate on every step.
+trait CollectSmall: Iterator + Sized {
+    fn collect_small(self) -> Small<Self::Item>
+    where
+        Self::Item: Copy,
+    {
+        let mut out = Small { items: [None; SMALL], len: 0, rest: Vec::new() };
+        for v in self {
+            out.push(v);
+        }
+        out
+    }
+}
+
+impl<I: Iterator> CollectSmall for I {}
+
+const SMALL: usize = 16;
+
+struct Small<V> {
+    items: [Option<V>; SMALL],
+    len: usize,
+    rest: Vec<V>,
+}
+
+impl<V: Copy> Small<V> {
+    fn push(&mut self, v: V) {
+        if self.len < SMALL {
+            self.items[self.len] = Some(v);
+        } else {
+            self.rest.push(v);
+        }
+        self.len += 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &V> + '_ {
+        let head = self.len.min(SMALL);
+        self.items[..head].iter().map(|v| v.as_ref().expect("the first `len` items are set")).chain(&self.rest)
+    }
+}
+
+/// Recomputes the block from its inputs on a nested scope, runs backward over it seeded
+/// with `∂L/∂out`, and adds the nested leaves' and parameters' gradients into those of
+/// the checkpoint's inputs.
+#[inline(never)]
+pub(crate) fn backward<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    table: u32,
+    first: u32,
+    count: u32,
+) -> Result<()> {
+    let entry = ctx.tape.checkpoints[table as usize];
+    let nest = ctx.tape.nest.expect("checkpoint nodes are recorded only on scopes that have a scratch arena");
+    let dout = ctx.grads[out].take().expect("backward visits only nodes whose gradient exists");
+    let tape = ctx.tape;
+    let leaves = tape.stored_ids(first, entry.inputs).map(|id| {
+        let n = tape.node(id);
+        (n.requires_grad, n.shape, n.value)
+    });
+    let result = nested(nest, leaves, |inner, vars| {
+        replay(inner, tape.step, entry.draws);
+        let y = entry.block.forward(inner, vars, entry.part);
+        let mut itape = inner.core.tape.borrow_mut();
+        if let Some(e) = &itape.error {
+            return Err(e.clone());
+        }
+        let (shape, expected) = (itape.shape(y.id), tape.shape(out));
+        if shape != expected {
+            return Err(nondeterministic(
+                format!("the block's output has shape {shape} on recomputation but {expected} when recorded"),
+                entry.location,
+            ));
+        }
+        let params = || tape.stored_ids(first + entry.inputs, count - entry.inputs);
+        let mut inner_params = itape.nodes.iter().filter_map(|n| match n.op {
+            Op::Param(at) => Some(at),
+            _ => None,
+        });
+        for outer in params() {
+            let same = match (inner_params.next(), tape.node(outer).op) {
+                (Some(a), Op::Param(b)) => {
+                    itape.extra[a as usize..a as usize + 3] == tape.extra[b as usize..b as usize + 3]
+                }
+                _ => false,
+            };
+            if !same {
+                return Err(nondeterministic(
+                    "the block read other parameters on recomputation".into(),
+                    entry.location,
+                ));
+            }
+        }
+        if inner_params.next().is_some() {
+            return Err(nondeterministic("the block read more parameters on recomputation".into(), entry.location));
+        }
+        if !itape.node(y.id).requires_grad {
+            return Ok(());
+        }
+        backward::run(&mut itape, inner.core.arena, nest.par, (y.id, Seed::Given(dout)), entry.location, nest.anomaly)?;
+        let param_ids = itape.ids().filter(|&id| matches!(itape.node(id).op, Op::Param(_)));
+        let pairs = vars.iter().map(|v| v.id).zip(tape.stored_ids(first, entry.inputs)).chain(param_ids.zip(params()));
+        for (inner_id, outer_id) in pairs {
+            if let (Some(Some(g)), true) = (itape.grads.get(inner_id), tape.node(outer_id).requires_grad) {
+                add_grad(ctx, outer_id, g)?;
+            }
+        }
+        Ok(())
+    });
+    ctx.grads[out] = Some(dout);
+    result
+}
+
+/// Recorded derivative ([`Scope::grad`]): not supported. The block's recomputation records
+/// on a nested scope of its own, whose ops are not on this tape, so there is nothing to
+/// differentiate again; record the block directly to take second derivatives.
+#[track_caller]
+pub(crate) fn grad<T: Float>(ctx: &mut GradCtx<'_, '_, T>, table: u32) -> Result<()> {
+    let location = ctx.core.tape.borrow().checkpoints[table as usize].location;
+    Err(Error::InvalidArgument {
+        op: ctx.core.op_name("grad"),
+        detail: format!(
+            "a recorded (differentiable) gradient cannot pass through the checkpoint recorded at {location}: \
+             record the block without a checkpoint to take second derivatives (backward works)"
+        ),
+        location: Location::caller(),
+    })
+}
+
+/// Starts the nested scope's random draws where the block's forward started them.
+fn replay<T: Float>(inner: &Scope<'_, '_, T>, step: u64, draws: u64) {
+    let mut tape = inner.core.tape.borrow_mut();
+    tape.step = step;
+    tape.draws = draws;
+}
+
+/// `grad[id] += g`, allocating the gradient (zeroed) on first use.
+fn add_grad<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, g: &[T]) -> Result<()> {
+    match &mut ctx.grads[id] {
+        Some(slot) => kernels::add_assign(slot, g),
+        slot @ None => {
+            let fresh =
+                ctx.arena.alloc_iter(g.iter().copied()).map_err(|e| alloc_error(e, "backward", ctx.location))?;
+            *slot = Some(fresh);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_plain_data() {
+        assert!(!std::mem::needs_drop::<CheckpointEntry<'static, f32>>());
+        assert_eq!(std::mem::size_of::<crate::ops::Op<'static, f32>>(), 16);
+    }
+}

@@ -1,0 +1,256 @@
+//! Gradient checkpointing: the gradients are those of the same blocks recorded directly
+//! and those of finite differences, the blocks' intermediates leave the main arena, and
+//! mistakes in a block come out as typed errors.
+
+use std::cell::Cell;
+
+use rand::SeedableRng;
+use tapir::testing::{gradcheck, GradcheckOptions};
+use tapir::{Checkpoint, Error, Graph, ParamId, ParamStore, Scope, Tensor, Var};
+
+/// `part` selects the layer: `tanh(x·W + b)`, with `x` also added back when `residual`.
+struct Layers<'a> {
+    store: &'a ParamStore<f64>,
+    w: Vec<ParamId>,
+    b: Vec<ParamId>,
+}
+
+impl Checkpoint<f64> for Layers<'_> {
+    fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, f64>, x: &[Var<'c, f64>], part: u32) -> Var<'c, f64> {
+        let i = part as usize;
+        let h = (x[0].matmul(s.param(self.store, self.w[i])) + s.param(self.store, self.b[i])).tanh();
+        // A second input, used twice, when given.
+        if x.len() > 1 {
+            h * x[1] + x[1]
+        } else {
+            h
+        }
+    }
+}
+
+fn model(layers: usize, width: usize, seed: u64) -> (ParamStore<f64>, Vec<ParamId>, Vec<ParamId>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut store = ParamStore::new();
+    let (mut w, mut b) = (vec![], vec![]);
+    for i in 0..layers {
+        w.push(store.add(format!("w{i}"), Tensor::normal(&[width, width], 0.0, 0.5, &mut rng).unwrap()).unwrap());
+        b.push(store.add(format!("b{i}"), Tensor::normal(&[width], 0.0, 0.1, &mut rng).unwrap()).unwrap());
+    }
+    (store, w, b)
+}
+
+/// Runs the stack of layers with or without checkpointing each, and returns the loss,
+/// the parameters' gradients and the gradients of the input and of the gate.
+fn run(checkpoint: bool) -> (f64, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (store, w, b) = model(5, 7, 1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let x = Tensor::<f64>::normal(&[3, 7], 0.0, 1.0, &mut rng).unwrap();
+    let gate = Tensor::<f64>::normal(&[3, 7], 0.0, 1.0, &mut rng).unwrap();
+    let layers = Layers { store: &store, w, b };
+    let mut grads = store.zeros_like().unwrap();
+    let mut graph = Graph::<f64>::new();
+    let (loss, dx, dgate) = graph.scope(|s| {
+        let (x, gate) = (s.leaf(&x), s.leaf(&gate));
+        let mut h = x;
+        for part in 0..5 {
+            let inputs = if part % 2 == 1 { vec![h, gate] } else { vec![h] };
+            h = if checkpoint { s.checkpoint_part(&layers, part, &inputs) } else { layers.forward(s, &inputs, part) };
+        }
+        // The gate is also used outside the blocks.
+        let loss = (h * h).sum() + (gate * x).sum();
+        s.backward_into(loss, &mut grads).unwrap();
+        (loss.item().unwrap(), x.grad().unwrap().to_vec(), gate.grad().unwrap().to_vec())
+    });
+    let flat = store.iter().flat_map(|(id, _, _)| grads.get(id).unwrap().data().to_vec()).collect();
+    (loss, flat, dx, dgate)
+}
+
+fn assert_close(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-12 * (1.0 + x.abs()), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+#[test]
+fn gradients_match_the_blocks_recorded_directly() {
+    let (l0, p0, x0, g0) = run(false);
+    let (l1, p1, x1, g1) = run(true);
+    assert_eq!(l0, l1, "the forward pass computes the same ops");
+    assert!(p0.iter().any(|&g| g != 0.0));
+    assert_close(&p0, &p1, "parameter gradient");
+    assert_close(&x0, &x1, "input gradient");
+    assert_close(&g0, &g1, "gate gradient");
+}
+
+fn block<'c>(s: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    let h = (x[0].matmul(x[1]) + s.scalar(0.5)).tanh();
+    (h * x[0]).exp().mean_axes(&[1], true) * h
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let a = Tensor::<f64>::normal(&[4, 4], 0.0, 0.5, &mut rng).unwrap();
+    let w = Tensor::<f64>::normal(&[4, 4], 0.0, 0.5, &mut rng).unwrap();
+    let report = gradcheck(&[a, w], GradcheckOptions::default(), |s, x| {
+        let y = s.checkpoint(&block, x);
+        s.checkpoint(&block, &[y, x[1]]) // the same block twice, sharing `w`
+    })
+    .unwrap();
+    assert_eq!(report.checked, 32);
+}
+
+/// A block that checkpoints inside itself: the inner checkpoint runs inline.
+fn outer<'c>(s: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    let y = s.checkpoint(&block, x);
+    s.checkpoint(&block, &[y, x[1]])
+}
+
+#[test]
+fn nested_checkpoints_run_inline_with_the_same_gradients() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    let a = Tensor::<f64>::normal(&[3, 3], 0.0, 0.5, &mut rng).unwrap();
+    let w = Tensor::<f64>::normal(&[3, 3], 0.0, 0.5, &mut rng).unwrap();
+    gradcheck(&[a.clone(), w.clone()], GradcheckOptions::default(), |s, x| s.checkpoint(&outer, x)).unwrap();
+    let mut g = Graph::<f64>::new();
+    let grads = |nest: bool, g: &mut Graph<f64>| {
+        g.scope(|s| {
+            let (a, w) = (s.leaf(&a), s.leaf(&w));
+            let y = if nest { s.checkpoint(&outer, &[a, w]) } else { outer(s, &[a, w]) };
+            s.backward(y.sum()).unwrap();
+            (a.grad().unwrap().to_vec(), w.grad().unwrap().to_vec())
+        })
+    };
+    let (da0, dw0) = grads(false, &mut g);
+    let (da1, dw1) = grads(true, &mut g);
+    assert_close(&da0, &da1, "da");
+    assert_close(&dw0, &dw1, "dw");
+}
+
+/// 16 layers of width 64 on a batch of 256, checkpointed every 4 layers or not.
+fn high_water(checkpoint: bool) -> (usize, usize, Vec<f64>) {
+    struct Four<'a>(&'a ParamStore<f64>, &'a [ParamId]);
+    impl Checkpoint<f64> for Four<'_> {
+        fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, f64>, x: &[Var<'c, f64>], part: u32) -> Var<'c, f64> {
+            let mut h = x[0];
+            for &w in &self.1[4 * part as usize..4 * part as usize + 4] {
+                h = h.matmul(s.param(self.0, w)).relu();
+            }
+            h
+        }
+    }
+    let (store, w, _) = model(16, 64, 5);
+    let x = Tensor::<f64>::normal(&[256, 64], 0.0, 1.0, &mut rand::rngs::StdRng::seed_from_u64(6)).unwrap();
+    let four = Four(&store, &w);
+    let mut grads = store.zeros_like().unwrap();
+    let mut graph = Graph::<f64>::new();
+    graph.scope(|s| {
+        let mut h = s.input(&x);
+        for part in 0..4 {
+            h = if checkpoint { s.checkpoint_part(&four, part, &[h]) } else { four.forward(s, &[h], part) };
+        }
+        s.backward_into(h.square().mean(), &mut grads).unwrap();
+    });
+    let stats = graph.stats();
+    let flat = store.iter().flat_map(|(id, _, _)| grads.get(id).unwrap().data().to_vec()).collect();
+    (stats.arena.high_water, stats.scratch.high_water, flat)
+}
+
+#[test]
+fn intermediates_leave_the_main_arena() {
+    let (plain, plain_scratch, g0) = high_water(false);
+    let (main, scratch, g1) = high_water(true);
+    assert_close(&g0, &g1, "parameter gradient");
+    assert_eq!(plain_scratch, 0);
+    let act = 256 * 64 * 8; // one activation, in bytes
+                            // Without: 16 layers keep a matmul and a relu output each, and get a gradient for
+                            // each: 64 activations. With: the main arena keeps 4 block outputs, their gradients,
+                            // the loss's square and its gradient (10), and the 16 weights' gradients (4); the
+                            // scratch arena one block's forward (8) and backward (8, the seed, the block input's
+                            // and weights' gradients: 18).
+    assert!(plain >= 64 * act, "{plain}");
+    assert!(main <= 15 * act, "{main}");
+    assert!(scratch <= 19 * act, "{scratch}");
+    // Both arenas together: under half (70 activations against 32).
+    assert!(2 * (main + scratch) <= plain, "{main} + {scratch} vs {plain}");
+}
+
+fn bad_block<'c>(s: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    x[0] + s.zeros(&[5]) // x is [2]: a shape mistake inside the block
+}
+
+#[test]
+fn an_error_in_the_block_is_the_scopes_typed_error() {
+    let x = Tensor::<f64>::ones(&[2]).unwrap();
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let y = s.checkpoint(&bad_block, &[s.leaf(&x)]);
+        s.backward(y.sum()).unwrap_err()
+    });
+    assert!(matches!(e, Error::Broadcast { op: "add", .. }), "{e}");
+    assert!(e.to_string().contains("[2]") && e.to_string().contains("[5]"), "{e}");
+    // The graph remains usable.
+    let ok = g.scope(|s| s.checkpoint(&block_sum, &[s.leaf(&x)]).item()).unwrap();
+    assert_eq!(ok, 2.0);
+}
+
+fn block_sum<'c>(_: &'c Scope<'c, '_, f64>, x: &[Var<'c, f64>]) -> Var<'c, f64> {
+    x[0].sum()
+}
+
+/// Records one more op each time it runs: its recomputation differs from its forward.
+struct Drifting(Cell<usize>);
+
+impl Checkpoint<f64> for Drifting {
+    fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f64>, x: &[Var<'c, f64>], _: u32) -> Var<'c, f64> {
+        self.0.set(self.0.get() + 1);
+        let mut y = x[0];
+        for _ in 0..self.0.get() {
+            y = y.sum_axes(&[0], false);
+        }
+        y
+    }
+}
+
+#[test]
+fn a_block_that_changes_on_recomputation_is_an_error() {
+    let x = Tensor::<f64>::ones(&[2, 2, 2]).unwrap();
+    let drifting = Drifting(Cell::new(0));
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let y = s.checkpoint(&drifting, &[s.leaf(&x)]);
+        s.backward(y.sum()).unwrap_err()
+    });
+    assert!(matches!(e, Error::InvalidArgument { op: "checkpoint", .. }), "{e}");
+    assert!(e.to_string().contains("[2]") && e.to_string().contains("[2, 2]"), "{e}");
+}
+
+#[test]
+fn parameters_of_another_store_in_a_block_are_caught_before_backward() {
+    let (store, w, b) = model(1, 3, 7);
+    let (other, _, _) = model(1, 3, 8);
+    let layers = Layers { store: &store, w, b };
+    let x = Tensor::<f64>::ones(&[2, 3]).unwrap();
+    let mut grads = other.zeros_like().unwrap();
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let y = s.checkpoint(&layers, &[s.input(&x)]);
+        s.backward_into(y.sum(), &mut grads).unwrap_err()
+    });
+    assert!(matches!(e, Error::WrongStore { op: "backward_into", .. }), "{e}");
+}
+
+#[test]
+fn a_recorded_gradient_through_a_checkpoint_is_a_typed_error() {
+    let x = Tensor::<f64>::from_vec(vec![0.5, -1.0], &[2]).unwrap();
+    let w = Tensor::<f64>::from_vec(vec![1.0, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let mut g = Graph::<f64>::new();
+    let e = g.scope(|s| {
+        let (x, w) = (s.leaf(&x).reshape(&[1, 2]), s.leaf(&w));
+        let y = s.checkpoint(&block, &[x, w]).sum();
+        s.grad(y, [x]).map(|_| ()).unwrap_err()
+    });
+    assert!(matches!(e, Error::InvalidArgument { op: "grad", .. }), "{e}");
+    assert!(e.to_string().contains("checkpoint"), "{e}");
+}

@@ -41,10 +41,11 @@ use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
     erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
 };
-use crate::kernels::{self, ElementMap, GradMap};
+use crate::kernels::{par, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, Rec};
 use crate::Float;
+use faer::Par;
 
 /// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
 /// derivative that does not depend on `x` (backward is then `dx += f'·dout`, which reads
@@ -176,17 +177,24 @@ unary_fns! {
         d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
 }
 
-/// Recording: the output filled from the input in one pass, straight into the arena.
+/// Recording: the output filled from the input in one pass, straight into the arena; a
+/// large input is split over the graph's threads (see [`par`]).
 struct Record<'r, 'a, 's, T> {
     r: &'r Rec<'a, 's, T>,
     x: &'s [T],
+    par: Par,
 }
 
 impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     type Out = Result<&'s mut [T]>;
     #[inline]
-    fn map(self, f: impl Fn(T) -> T) -> Self::Out {
-        self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+    fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
+        if self.x.len() < par::MIN_PARALLEL {
+            return self.r.alloc_iter(self.x.iter().map(|&v| f(v)));
+        }
+        let out = self.r.alloc(self.x.len())?;
+        par::map(self.par, self.x, out, f);
+        Ok(out)
     }
 }
 
@@ -198,17 +206,18 @@ struct Grad<'a, 's, T> {
     y: NodeId<'s>,
     dout: &'a [T],
     dx: &'a mut [T],
+    par: Par,
 }
 
 impl<T: Float> GradMap<T> for Grad<'_, '_, T> {
     type Out = ();
     #[inline]
-    fn map(self, d: impl Fn(T, T) -> T) {
-        kernels::map_grad(self.dout, self.tape.value(self.x), self.tape.value(self.y), self.dx, d);
+    fn map(self, d: impl Fn(T, T) -> T + Sync) {
+        par::map_grad(self.par, self.dout, self.tape.value(self.x), self.tape.value(self.y), self.dx, d);
     }
     #[inline]
     fn scale(self, c: T) {
-        kernels::axpy(self.dx, c, self.dout);
+        par::axpy(self.par, self.dx, c, self.dout);
     }
 }
 
@@ -221,7 +230,7 @@ impl<'s, T: Float> Var<'s, T> {
         let f = const { UnaryFn::from_code(F) };
         self.core.record(OpKind::Unary(f), |r| {
             let n = r.node(self.id);
-            let out = f.forward(c, Record { r, x: n.value })?;
+            let out = f.forward(c, Record { r, x: n.value, par: self.core.par })?;
             Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
         })
     }
@@ -406,9 +415,9 @@ pub(crate) fn backward<'s, T: Float>(
     x: NodeId<'s>,
     c: [T; 2],
 ) -> Result<()> {
-    let tape = ctx.tape;
+    let (tape, par) = (ctx.tape, ctx.par);
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        f.derivative(c, Grad { tape, x, y: out, dout, dx });
+        f.derivative(c, Grad { tape, x, y: out, dout, dx, par });
     }
     Ok(())
 }

@@ -66,19 +66,37 @@ fn split<U: Send>(
     );
 }
 
+// Each entry point tests the size inline and keeps the split out of line
+// (`#[inline(never)]`), so that the small case, which the tape-overhead workloads hit on
+// every op, compiles to the same tight loop as a direct kernel call.
+
 /// `out[i] = f(x[i])` (see [`super::map`]).
+#[inline]
 pub(crate) fn map<T: Float>(par: Par, x: &[T], out: &mut [T], f: impl Fn(T) -> T + Sync) {
     if out.len() < MIN_PARALLEL {
-        return super::map(x, out, f);
+        super::map(x, out, f);
+    } else {
+        map_chunks(par, x, out, f);
     }
+}
+
+#[inline(never)]
+fn map_chunks<T: Float>(par: Par, x: &[T], out: &mut [T], f: impl Fn(T) -> T + Sync) {
     for_chunks(threads(par), out, CHUNK, &|s, o: &mut [T]| super::map(&x[s..s + o.len()], o, &f));
 }
 
 /// `dx[i] += dout[i] · d(x[i], y[i])` (see [`super::map_grad`]).
+#[inline]
 pub(crate) fn map_grad<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
     if dx.len() < MIN_PARALLEL {
-        return super::map_grad(dout, x, y, dx, d);
+        super::map_grad(dout, x, y, dx, d);
+    } else {
+        map_grad_chunks(par, dout, x, y, dx, d);
     }
+}
+
+#[inline(never)]
+fn map_grad_chunks<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
     for_chunks(threads(par), dx, CHUNK, &|s, g: &mut [T]| {
         let e = s + g.len();
         super::map_grad(&dout[s..e], &x[s..e], &y[s..e], g, &d);
@@ -86,10 +104,17 @@ pub(crate) fn map_grad<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mu
 }
 
 /// `dst[i] += c · src[i]` (see [`super::axpy`]).
+#[inline]
 pub(crate) fn axpy<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
     if dst.len() < MIN_PARALLEL {
-        return super::axpy(dst, c, src);
+        super::axpy(dst, c, src);
+    } else {
+        axpy_chunks(par, dst, c, src);
     }
+}
+
+#[inline(never)]
+fn axpy_chunks<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
     for_chunks(threads(par), dst, CHUNK, &|s, d: &mut [T]| super::axpy(d, c, &src[s..s + d.len()]));
 }
 
@@ -107,6 +132,7 @@ fn tile_chunk(n: usize) -> usize {
 /// `out[i] = f(a[ia], b[ib])` with broadcasting (see [`super::binary`]). Equal shapes and
 /// a side that repeats end to end (a bias row) are split; other broadcasts run on the
 /// calling thread.
+#[inline]
 pub(crate) fn binary<T: Float>(
     par: Par,
     (a, sa): (&[T], &Shape),
@@ -114,10 +140,23 @@ pub(crate) fn binary<T: Float>(
     (out, so): (&mut [T], &Shape),
     f: impl Fn(T, T) -> T + Sync,
 ) {
-    let t = threads(par);
     if out.len() < MIN_PARALLEL {
         super::binary((a, sa), (b, sb), (out, so), f);
-    } else if sa == so && sb == so {
+    } else {
+        binary_chunks(par, (a, sa), (b, sb), (out, so), f);
+    }
+}
+
+#[inline(never)]
+fn binary_chunks<T: Float>(
+    par: Par,
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (out, so): (&mut [T], &Shape),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    let t = threads(par);
+    if sa == so && sb == so {
         for_chunks(t, out, CHUNK, &|s, o: &mut [T]| {
             let e = s + o.len();
             let sh = rows(1, o.len());
@@ -142,6 +181,7 @@ pub(crate) fn binary<T: Float>(
 /// [`super::binary_grad`]). When `a` repeats along `dout` (a bias), its gradient is a sum
 /// over the repetitions: the columns are split, and every element still sums its rows in
 /// order, so the bits do not depend on the split.
+#[inline]
 pub(crate) fn binary_grad<T: Float>(
     par: Par,
     (dout, so): (&[T], &Shape),
@@ -150,10 +190,24 @@ pub(crate) fn binary_grad<T: Float>(
     da: &mut [T],
     g: impl Fn(T, T, T) -> T + Sync,
 ) {
-    let t = threads(par);
     if dout.len() < MIN_PARALLEL {
         super::binary_grad((dout, so), (a, sa), (b, sb), da, g);
-    } else if sa == so && sb == so {
+    } else {
+        binary_grad_chunks(par, (dout, so), (a, sa), (b, sb), da, g);
+    }
+}
+
+#[inline(never)]
+fn binary_grad_chunks<T: Float>(
+    par: Par,
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T + Sync,
+) {
+    let t = threads(par);
+    if sa == so && sb == so {
         for_chunks(t, da, CHUNK, &|s, d: &mut [T]| {
             let e = s + d.len();
             let sh = rows(1, d.len());
@@ -182,10 +236,17 @@ pub(crate) fn binary_grad<T: Float>(
 
 /// Sum of all elements: above [`MIN_PARALLEL`], at most [`MAX_PARTIALS`] chunk sums (each
 /// by [`super::sum`]) added in chunk order.
+#[inline]
 pub(crate) fn sum<T: Float>(par: Par, x: &[T]) -> T {
     if x.len() < MIN_PARALLEL {
-        return super::sum(x);
+        super::sum(x)
+    } else {
+        sum_large(par, x)
     }
+}
+
+#[inline(never)]
+fn sum_large<T: Float>(par: Par, x: &[T]) -> T {
     let chunk = x.len().div_ceil(MAX_PARTIALS).next_multiple_of(64).max(CHUNK);
     sum_chunks(par, x.len(), chunk, &|s, e| super::sum(&x[s..e]))
 }

@@ -128,10 +128,24 @@ impl<'s, T: Float> PairMap<T> for Record<'_, '_, 's, T> {
         if sa == so && sb == so && so.numel() < par::MIN_PARALLEL {
             return self.r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
         }
-        let out = self.r.alloc(so.numel())?;
-        par::binary(self.par, (a, &sa), (b, &sb), (&mut *out, &so), f);
-        Ok(out)
+        record_broadcast(self.r, (a, sa), (b, sb), so, self.par, f)
     }
+}
+
+/// A broadcast or a large recording, out of line so that the small equal-shape case stays
+/// tight.
+#[inline(never)]
+fn record_broadcast<'s, T: Float>(
+    r: &Rec<'_, 's, T>,
+    (a, sa): (&[T], Shape),
+    (b, sb): (&[T], Shape),
+    so: Shape,
+    threads: Par,
+    f: impl Fn(T, T) -> T + Sync,
+) -> Result<&'s mut [T]> {
+    let out = r.alloc(so.numel())?;
+    par::binary(threads, (a, &sa), (b, &sb), (&mut *out, &so), f);
+    Ok(out)
 }
 
 impl<'s, T: Float> Var<'s, T> {

@@ -190,12 +190,24 @@ impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     #[inline]
     fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
         if self.x.len() < par::MIN_PARALLEL {
-            return self.r.alloc_iter(self.x.iter().map(|&v| f(v)));
+            self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+        } else {
+            record_large(self.r, self.x, self.par, f)
         }
-        let out = self.r.alloc(self.x.len())?;
-        par::map(self.par, self.x, out, f);
-        Ok(out)
     }
+}
+
+/// The split recording of a large input, out of line so that the small case stays tight.
+#[inline(never)]
+fn record_large<'s, T: Float>(
+    r: &Rec<'_, 's, T>,
+    x: &[T],
+    threads: Par,
+    f: impl Fn(T) -> T + Sync,
+) -> Result<&'s mut [T]> {
+    let out = r.alloc(x.len())?;
+    par::map(threads, x, out, f);
+    Ok(out)
 }
 
 /// Backward: `dx += dout ⊙ f'(x, y)`. The values of `x` and `y` are looked up only for

@@ -45,8 +45,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-/// `c (m×n) = op(a)·op(b)`, all row-major, as Tapir's `kernels::matmul::gemm`.
-#[allow(clippy::too_many_arguments)]
+/// `op(x)` for a row-major `x`, as Tapir's `kernels::matmul::gemm` reads its operands.
 fn view<'a>(x: &'a [f32], t: bool, r: usize, c: usize) -> MatRef<'a, f32> {
     if t {
         MatRef::from_row_major_slice(x, c, r).transpose()
@@ -54,6 +53,9 @@ fn view<'a>(x: &'a [f32], t: bool, r: usize, c: usize) -> MatRef<'a, f32> {
         MatRef::from_row_major_slice(x, r, c)
     }
 }
+
+/// A named product: `(m, k, n)`, whether `a` and `b` are read transposed.
+type Product = (&'static str, (usize, usize, usize), bool, bool);
 
 /// How a product is run.
 #[derive(Clone, Copy)]
@@ -98,7 +100,7 @@ fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(21);
     // W2 (784-1024-1024-10, batch 256): forward x·W, weight gradients hᵀ·dh, input
     // gradients dh·Wᵀ.
-    let shapes: [(&str, (usize, usize, usize), bool, bool); 8] = [
+    let shapes: [Product; 8] = [
         ("fwd1 x·W0", (256, 784, 1024), false, false),
         ("fwd2 h·W1", (256, 1024, 1024), false, false),
         ("fwd3 h·W2", (256, 1024, 10), false, false),

@@ -8,9 +8,12 @@ use tapir::{Graph, ParamStore, Tensor};
 use tapir_nn::optim::{Adam, Optimizer};
 use tapir_nn::{Activation, Ctx, LayerNorm, Linear, Mlp, Module, Sequential};
 
+/// Builds a model's parameters into a store and returns the model.
+type Build = dyn Fn(&mut ParamStore<f32>) -> Box<dyn Module<f32>>;
+
 /// Trains a fresh copy of `build`'s model for `steps` Adam steps at `threads` threads and
 /// returns every parameter's bits and every loss's bits.
-fn train(threads: usize, steps: usize, build: &dyn Fn(&mut ParamStore<f32>) -> Box<dyn Module<f32>>) -> Vec<u32> {
+fn train(threads: usize, steps: usize, build: &Build) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let mut store = ParamStore::<f32>::new();
     let model = build(&mut store);
@@ -61,8 +64,7 @@ fn training_steps_give_the_same_bits_at_1_2_and_4_threads() {
                 .push(Linear::new(store, "fc2", 512, 10, &mut rng).unwrap()),
         )
     };
-    for (name, build) in [("mlp", &mlp as &dyn Fn(&mut ParamStore<f32>) -> Box<dyn Module<f32>>), ("layernorm", &norm)]
-    {
+    for (name, build) in [("mlp", &mlp as &Build), ("layernorm", &norm)] {
         let one = train(1, 4, build);
         for threads in [2, 4] {
             let many = train(threads, 4, build);

@@ -25,7 +25,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
-use crate::kernels::{par, PairMap};
+use crate::kernels::{self, par, PairMap};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;

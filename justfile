@@ -36,9 +36,17 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
-# W1-W7 and W10 on Tapir, faer direct, candle, burn and PyTorch (if importable), one table (~25 min on 2 cores). ARGS: --help.
+# W1-W8 and W10 on Tapir, faer direct, candle, burn, PyTorch eager and torch.compile, jax.jit (if importable), one table (~25 min on 2 cores). ARGS: --help.
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}
+
+# PyPI's Linux torch wheel also pulls the CUDA libraries (several GB); TORCH_INDEX=
+# https://download.pytorch.org/whl/cpu, where that index is reachable, gets the CPU-only wheel.
+# Make benches/compare/.venv (which `just compare` then uses) with pinned PyTorch and JAX.
+compare-setup TORCH_INDEX="":
+    python3 -m venv benches/compare/.venv
+    benches/compare/.venv/bin/pip install {{ if TORCH_INDEX == "" { "" } else { "--index-url " + TORCH_INDEX } }} torch==2.15.0
+    benches/compare/.venv/bin/pip install jax==0.10.2 jaxlib==0.10.2
 
 # Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
 # Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.

@@ -1,6 +1,8 @@
 //! `just compare`: W1–W7, W8 (W8C: W8 checkpointed) and W10 on Tapir, on faer called directly, on candle, on burn and (when
-//! `python3 -c "import torch"` works) on PyTorch, one after another with alternating
-//! repetitions, as one table.
+//! `import torch` and `import jax` work in the Python it finds) on PyTorch eager,
+//! `torch.compile` and `jax.jit`, one after another with alternating repetitions, as one
+//! table. The Python is `$TAPIR_COMPARE_PYTHON`, else the virtual environment that `just
+//! compare-setup` makes (`benches/compare/.venv`), else `python3`.
 //!
 //! Every measurement runs in a child process of its own (`tapir-compare child SYSTEM
 //! WORKLOAD`), so peak RSS belongs to one system and one workload, and every system gets the
@@ -26,8 +28,10 @@ use peer::{median, Peer};
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
-/// `torch-compile` is PyTorch with `torch.compile` on the W10 model; it runs W10 only.
-const SYSTEMS: [&str; 7] = ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile"];
+/// `torch-compile` is PyTorch with `torch.compile` on W1, W2 and W10; `jax` is `jax.jit` on W1
+/// and W2. Both report their compile time beside the step time, which excludes it.
+const SYSTEMS: [&str; 8] =
+    ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile", "jax"];
 const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10", "W8", "W8C"];
 /// A child that runs longer than this is killed and its cell reads "timeout".
 const CHILD_LIMIT: Duration = Duration::from_secs(600);
@@ -136,6 +140,10 @@ fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
             c.env("TORCH_PEER_COMPILE", "1");
         }
         c
+    } else if system == "jax" {
+        let mut c = Command::new(python());
+        c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/jax_peer.py"));
+        c
     } else {
         let mut c = Command::new(std::env::current_exe().expect("the runner's own path"));
         c.args(["child", system]);
@@ -197,15 +205,23 @@ fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
     eprintln!("  {workload} {system}: {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// The Python that runs the PyTorch peer: `TAPIR_COMPARE_PYTHON` if set (a virtual
-/// environment's, say), else `python3` from `PATH`.
+/// The Python that runs the PyTorch and JAX peers (see the module doc).
 fn python() -> String {
-    std::env::var("TAPIR_COMPARE_PYTHON").unwrap_or_else(|_| "python3".into())
+    if let Ok(p) = std::env::var("TAPIR_COMPARE_PYTHON") {
+        return p;
+    }
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python3");
+    if std::path::Path::new(venv).exists() {
+        venv.to_string()
+    } else {
+        "python3".to_string()
+    }
 }
 
-fn torch_available() -> Result<(), String> {
+/// Whether `import MODULE` works in [`python`]; the last line of the error if not.
+fn importable(module: &str) -> Result<(), String> {
     let out = Command::new(python())
-        .args(["-c", "import torch"])
+        .args(["-c", &format!("import {module}")])
         .output()
         .map_err(|e| format!("python3 did not start: {e}"))?;
     if out.status.success() {
@@ -231,6 +247,8 @@ fn label(metric: &str) -> String {
         "w1_peak_mib" => "W1 peak RSS, MiB",
         "w1_growth_mib" => "W1 RSS growth iter 10→20, MiB",
         "w2_ms" => "W2 MLP step, ms",
+        "w1_compile_s" => "W1 compile time (excluded from the step), s",
+        "w2_compile_s" => "W2 compile time (excluded from the step), s",
         "w2_peak_mib" => "W2 peak RSS, MiB",
         "w5_growth_mib" => "W5 RSS growth step 100→last, MiB",
         "w6_heap_bytes_per_node" => "W6 heap bytes/node while recording (cold)",
@@ -350,18 +368,24 @@ fn main() {
     };
     let mut systems = o.systems.clone();
     if systems.iter().any(|s| s.starts_with("torch")) {
-        if let Err(why) = torch_available() {
-            println!(
-                "PyTorch: skipped, `{} -c \"import torch\"` failed ({why}). `pip install torch` (or set \
-                 TAPIR_COMPARE_PYTHON to a Python that has it) to include it.",
-                python()
-            );
+        if let Err(why) = importable("torch") {
+            println!("PyTorch: skipped, `import torch` failed in {} ({why}); `just compare-setup` installs it.", python());
             systems.retain(|s| !s.starts_with("torch"));
         }
     }
-    // torch.compile only runs W10: leave it out unless W10 is asked for.
-    if !o.workloads.iter().any(|w| w == "W10") {
+    if systems.iter().any(|s| s == "jax") {
+        if let Err(why) = importable("jax") {
+            println!("JAX: skipped, `import jax` failed in {} ({why}); `just compare-setup` installs it.", python());
+            systems.retain(|s| s != "jax");
+        }
+    }
+    // torch.compile runs W1, W2 and W10, jax W1 and W2: leave them out when none is asked for.
+    let has = |ws: &[&str]| o.workloads.iter().any(|w| ws.contains(&w.as_str()));
+    if !has(&["W1", "W2", "W10"]) {
         systems.retain(|s| s != "torch-compile");
+    }
+    if !has(&["W1", "W2"]) {
+        systems.retain(|s| s != "jax");
     }
     let started = Instant::now();
     let mut r = Results::default();

@@ -2,9 +2,17 @@
 //! schedule and the optimizer's update) makes no heap allocation: the arena, the tape's
 //! vectors, the gradient buffer and the optimizer's state are all reused.
 //!
-//! Its own test binary, because the counting allocator is global. Counts are per thread,
-//! so the test harness's threads do not disturb them; matrix products run on the calling
-//! thread (`Graph::set_threads(1)`).
+//! Its own test binary with a single test, because the counting allocator is global: one
+//! atomic counter for the calls of every thread the engine runs on, the test's own thread
+//! and every rayon worker (matrix products split by output blocks, large elementwise ops
+//! split by chunks). Only the test harness's threads are left out: its main thread prints
+//! and polls while the test runs, at moments that have nothing to do with the engine. The
+//! models run at 1 thread, and the MLP (64-256-128-10, batch 128, Adam) at 1, 2
+//! and 4 threads.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use rand::SeedableRng;
 use tapir::{Graph, ParamStore, Tensor};
@@ -13,20 +21,76 @@ use tapir_nn::{
     Activation, AvgPool2d, Conv2d, Ctx, Dropout, Flatten, LayerNorm, Linear, MaxPool2d, Mlp, Module, Sequential,
 };
 
-/// The engine's counting allocator (per-thread counts), shared rather than copied.
-#[path = "../../tapir/tests/common/mod.rs"]
-mod common;
+/// Forwards to the system allocator and counts allocation calls (alloc, alloc_zeroed,
+/// realloc) on every thread.
+struct Counting;
 
-#[global_allocator]
-static ALLOC: common::Counting = common::Counting::new();
+static CALLS: AtomicUsize = AtomicUsize::new(0);
 
-fn allocations() -> usize {
-    ALLOC.allocations()
+thread_local! {
+    // Whether this thread's calls count: set on the test thread and, by the pools' start
+    // handlers, on every rayon worker. `const`: reading it never allocates.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `steps` training steps of `model` and returns the heap allocations made by the
-/// last `steps - warmup` of them, and the last loss.
+fn count() {
+    if COUNTED.try_with(Cell::get).unwrap_or(false) {
+        CALLS.fetch_add(1, Relaxed);
+    }
+}
+
+fn mark_counted() {
+    COUNTED.with(|c| c.set(true));
+}
+
+/// Brings every worker of `pool` up and gives each its GEMM packing buffer (faer keeps one
+/// per thread, made on the thread's first product), so that which worker happens to run
+/// its first product during the measured steps does not matter.
+fn warm(pool: &rayon::ThreadPool) {
+    let a = Tensor::<f32>::ones(&[64, 64]).unwrap();
+    pool.broadcast(|_| a.matmul(&a, 1).map(drop).unwrap());
+}
+
+// A global allocator cannot be written in safe code; this one serves this test only.
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
+// `System`'s guarantees carry over; the counter is a plain atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (hence from `System`) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Allocation calls so far, on the test thread and every rayon worker.
+fn allocations() -> usize {
+    CALLS.load(Relaxed)
+}
+
+/// Runs `steps` training steps of `model` at `threads` threads and returns the heap
+/// allocations made by the last `steps - warmup` of them, and the last loss.
 fn train(
+    threads: usize,
     model: &dyn Module<f32>,
     store: &mut ParamStore<f32>,
     opt: &mut dyn Optimizer<f32>,
@@ -38,7 +102,7 @@ fn train(
     let schedule = CosineWarmup { base: 1e-2, min: 1e-4, warmup: 2, total: steps };
     let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
-    graph.set_threads(1);
+    graph.set_threads(threads);
     let (mut before, mut loss) = (0, f32::NAN);
     for step in 0..steps {
         if step == warmup {
@@ -63,6 +127,13 @@ fn train(
 
 #[test]
 fn warmed_up_training_steps_allocate_nothing() {
+    // The global pool, which split ops use unless called inside another pool, with 4
+    // workers whatever the machine, each counted.
+    rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build_global().unwrap();
+    rayon::broadcast(|_| {
+        Tensor::<f32>::ones(&[64, 64]).unwrap().matmul(&Tensor::ones(&[64, 64]).unwrap(), 1).map(drop).unwrap()
+    });
+    mark_counted();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let labels: Vec<usize> = (0..32).map(|i| i % 10).collect();
 
@@ -71,7 +142,7 @@ fn warmed_up_training_steps_allocate_nothing() {
     let mlp = Mlp::builder(64).hidden(32).dropout(0.1, 7).output(10).build(&mut store, "mlp", &mut rng).unwrap();
     let x = Tensor::<f32>::normal(&[32, 64], 0.0, 1.0, &mut rng).unwrap();
     let mut adam = Adam::new(&store, 1e-2).unwrap();
-    let (n, loss) = train(&mlp, &mut store, &mut adam, &x, &labels, 12);
+    let (n, loss) = train(1, &mlp, &mut store, &mut adam, &x, &labels, 12);
     assert_eq!(n, 0, "an MLP step with Adam allocated {n} times");
     assert!(loss.is_finite());
 
@@ -84,7 +155,7 @@ fn warmed_up_training_steps_allocate_nothing() {
         .push(Dropout::new(0.2, 3).unwrap())
         .push(Linear::new(&mut store, "fc2", 48, 10, &mut rng).unwrap());
     let mut sgd = Sgd::new(&store, 0.1).unwrap().momentum(0.9, true).unwrap().weight_decay(1e-4).unwrap();
-    let (n, _) = train(&model, &mut store, &mut sgd, &x, &labels, 12);
+    let (n, _) = train(1, &model, &mut store, &mut sgd, &x, &labels, 12);
     assert_eq!(n, 0, "a LayerNorm step with SGD allocated {n} times");
 
     // A small CNN, trained by AdamW.
@@ -100,8 +171,33 @@ fn warmed_up_training_steps_allocate_nothing() {
         .push(Linear::new(&mut store, "fc", 8, 10, &mut rng).unwrap());
     let images = Tensor::<f32>::normal(&[32, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
     let mut adamw = AdamW::new(&store, 1e-2, 1e-2).unwrap();
-    let (n, _) = train(&cnn, &mut store, &mut adamw, &images, &labels, 12);
+    let (n, _) = train(1, &cnn, &mut store, &mut adamw, &images, &labels, 12);
     assert_eq!(n, 0, "a CNN step with AdamW allocated {n} times");
+
+    // The MLP, whose products and activations are large enough to be split. Run
+    // from a thread of the rayon pool, a step allocates nothing on any thread at any thread
+    // count (the first steps warm up each pool thread's GEMM packing buffer).
+    let labels: Vec<usize> = (0..128).map(|i| i % 10).collect();
+    let x = Tensor::<f32>::normal(&[128, 64], 0.0, 1.0, &mut rng).unwrap();
+    let mlp_run = |threads: usize, rng: &mut rand::rngs::StdRng| {
+        let mut store = ParamStore::<f32>::new();
+        let mlp = Mlp::builder(64).hidden(256).hidden(128).output(10).build(&mut store, "mlp", rng).unwrap();
+        let mut adam = Adam::new(&store, 1e-3).unwrap();
+        let (n, loss) = train(threads, &mlp, &mut store, &mut adam, &x, &labels, 12);
+        assert!(loss.is_finite());
+        n
+    };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build().unwrap();
+    warm(&pool);
+    for threads in [1, 2, 4] {
+        let n = pool.install(|| mlp_run(threads, &mut rng));
+        assert_eq!(n, 0, "the 64-256-128-10 MLP at {threads} threads, inside the pool, allocated {n} times in 9 steps");
+    }
+    // From a thread outside the pool, each split op hands one job to rayon's shared queue,
+    // which takes a new block of 63 job slots (one allocation) every 63 jobs: about 12
+    // split ops per step here, so at most 2 allocations in 9 steps, never one per product.
+    let n = mlp_run(2, &mut rng);
+    assert!(n <= 2, "the 64-256-128-10 MLP at 2 threads, outside the pool, allocated {n} times in 9 steps");
 }
 
 /// A `Sequential` checkpointed every 2 layers, dropout included: the view, the nested

@@ -2,6 +2,16 @@
 //!
 //! Row-major slices become faer views with `from_row_major_slice`; transposes are views
 //! (`.transpose()`), never copies; backward accumulates with `Accum::Add`.
+//!
+//! On more than one thread a large product is cut into one block of output columns (or
+//! rows) per thread, each a sequential faer call, run with `rayon::join`. faer 0.24's own
+//! parallel product allocates its job table and lets its workers allocate packing buffers
+//! on every call (9 to 14 heap allocations per product); its sequential path packs into a
+//! buffer kept per thread, so after the first product on each pool thread the tiled
+//! product allocates nothing. faer's result does not depend on how the output is split
+//! (each element is one microkernel's sum over the same `k` blocks), so the bits are those
+//! of the one-thread product: checked for W2's eight shapes by
+//! `benches/examples/gemm_par.rs` and by the training-step test at 1, 2 and 4 threads.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -28,7 +38,47 @@ pub(crate) fn gemm<T>(
     let a = if a_t { MatRef::from_row_major_slice(a, k, m).transpose() } else { MatRef::from_row_major_slice(a, m, k) };
     let b = if b_t { MatRef::from_row_major_slice(b, n, k).transpose() } else { MatRef::from_row_major_slice(b, k, n) };
     let beta = if accumulate { Accum::Add } else { Accum::Replace };
-    matmul(dst, beta, a, b, T::ONE, par);
+    // faer's own parallel path is never taken (it allocates): a product is split into
+    // sequential calls, or runs whole on the calling thread. Matrix-vector products and
+    // rank-1 updates (faer has special kernels for them) and products too small to share
+    // run whole, and every tile keeps enough work to take faer's blocked path, as the whole
+    // product does (faer switches to a different small-matrix kernel below 16³).
+    let tasks = par.degree().min(m.max(n) / TILE_ALIGN).min(m.saturating_mul(n).saturating_mul(k) / MIN_TILE_MNK);
+    if tasks > 1 && m.min(n) > 1 && k > 1 {
+        tiles(dst, beta, a, b, tasks);
+    } else {
+        matmul(dst, beta, a, b, T::ONE, Par::Seq);
+    }
+}
+
+/// Tile boundaries fall on multiples of this many rows or columns.
+const TILE_ALIGN: usize = 32;
+/// The fewest multiply-adds a tile gets: well above faer's small-matrix cut-off (16³), and
+/// enough that splitting pays for the fork-join.
+const MIN_TILE_MNK: usize = 1 << 16;
+
+/// `dst ← a·b (+ dst)` as `threads` sequential faer calls on blocks of `dst`'s longer side.
+fn tiles<T>(dst: MatMut<'_, T>, beta: Accum, a: MatRef<'_, T>, b: MatRef<'_, T>, threads: usize)
+where
+    T: faer::traits::ComplexField + faer::traits::Conjugate<Canonical = T> + Float,
+{
+    let (m, n) = (dst.nrows(), dst.ncols());
+    let long = m.max(n);
+    if threads <= 1 {
+        matmul(dst, beta, a, b, T::ONE, Par::Seq);
+        return;
+    }
+    let left = threads / 2;
+    let at = (long * left / threads).next_multiple_of(TILE_ALIGN).min(long - TILE_ALIGN);
+    if n >= m {
+        let (l, r) = dst.split_at_col_mut(at);
+        let (bl, br) = b.split_at_col(at);
+        rayon::join(|| tiles(l, beta, a, bl, left), || tiles(r, beta, a, br, threads - left));
+    } else {
+        let (top, bottom) = dst.split_at_row_mut(at);
+        let (at_, ab) = a.split_at_row(at);
+        rayon::join(|| tiles(top, beta, at_, b, left), || tiles(bottom, beta, ab, b, threads - left));
+    }
 }
 
 /// The shapes of a (batched) product: `a: [..., m, k]`, `b: [..., k, n]`.

@@ -2,6 +2,7 @@
 //! slices in, slices out. Graph ops and eager [`Tensor`](crate::Tensor) ops share them.
 
 pub(crate) mod matmul;
+pub(crate) mod par;
 pub(crate) mod scalar;
 
 use crate::shape::{Shape, MAX_RANK};
@@ -153,7 +154,7 @@ pub(crate) trait ElementMap<T> {
     /// What the mapping produces.
     type Out;
     /// Applies `f` to every element.
-    fn map(self, f: impl Fn(T) -> T) -> Self::Out;
+    fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out;
 }
 
 /// As [`ElementMap`] for a binary function `f(a, b)`.
@@ -161,7 +162,7 @@ pub(crate) trait PairMap<T> {
     /// What the mapping produces.
     type Out;
     /// Applies `f` to every pair.
-    fn map(self, f: impl Fn(T, T) -> T) -> Self::Out;
+    fn map(self, f: impl Fn(T, T) -> T + Sync) -> Self::Out;
 }
 
 /// As [`ElementMap`] for a derivative `f'(x, y)` of `y = f(x)`.
@@ -169,7 +170,7 @@ pub(crate) trait GradMap<T> {
     /// What the mapping produces.
     type Out;
     /// Applies `d` to every `(x, y)` pair.
-    fn map(self, d: impl Fn(T, T) -> T) -> Self::Out;
+    fn map(self, d: impl Fn(T, T) -> T + Sync) -> Self::Out;
     /// As `map` for a constant derivative `c`.
     fn scale(self, c: T) -> Self::Out;
 }

@@ -25,11 +25,12 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
-use crate::kernels::{self, PairMap};
+use crate::kernels::{self, par, PairMap};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
+use faer::Par;
 
 macro_rules! binary_fns {
     ($(
@@ -68,18 +69,18 @@ macro_rules! binary_fns {
 
             /// `da += g(dout, a, b)`, summed over `a`'s broadcast dimensions.
             #[inline]
-            fn grad_a<T: Float>(self, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
+            fn grad_a<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
                 match self {
-                    $(BinaryFn::$f => kernels::binary_grad(dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
+                    $(BinaryFn::$f => par::binary_grad(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
                 }
             }
 
             /// `db += g(dout, a, b)`, summed over `b`'s broadcast dimensions.
             #[inline]
-            fn grad_b<T: Float>(self, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
+            fn grad_b<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
                 // `binary_grad` sums into its second operand, so `b` goes there.
                 match self {
-                    $(BinaryFn::$f => kernels::binary_grad(dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
+                    $(BinaryFn::$f => par::binary_grad(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
                 }
             }
         }
@@ -116,20 +117,35 @@ struct Record<'r, 'a, 's, T> {
     a: (&'s [T], Shape),
     b: (&'s [T], Shape),
     out: Shape,
+    par: Par,
 }
 
 impl<'s, T: Float> PairMap<T> for Record<'_, '_, 's, T> {
     type Out = Result<&'s mut [T]>;
     #[inline]
-    fn map(self, f: impl Fn(T, T) -> T) -> Self::Out {
+    fn map(self, f: impl Fn(T, T) -> T + Sync) -> Self::Out {
         let ((a, sa), (b, sb), so) = (self.a, self.b, self.out);
-        if sa == so && sb == so {
+        if sa == so && sb == so && so.numel() < par::MIN_PARALLEL {
             return self.r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
         }
-        let out = self.r.alloc(so.numel())?;
-        kernels::binary((a, &sa), (b, &sb), (&mut *out, &so), f);
-        Ok(out)
+        record_broadcast(self.r, (a, sa), (b, sb), so, self.par, f)
     }
+}
+
+/// A broadcast or a large recording, out of line so that the small equal-shape case stays
+/// tight.
+#[inline(never)]
+fn record_broadcast<'s, T: Float>(
+    r: &Rec<'_, 's, T>,
+    (a, sa): (&[T], Shape),
+    (b, sb): (&[T], Shape),
+    so: Shape,
+    threads: Par,
+    f: impl Fn(T, T) -> T + Sync,
+) -> Result<&'s mut [T]> {
+    let out = r.alloc(so.numel())?;
+    par::binary(threads, (a, &sa), (b, &sb), (&mut *out, &so), f);
+    Ok(out)
 }
 
 impl<'s, T: Float> Var<'s, T> {
@@ -140,7 +156,7 @@ impl<'s, T: Float> Var<'s, T> {
             let (sa, sb) = (r.shape(self.id), r.shape(other.id));
             let so = sa.broadcast(&sb).ok_or(Error::Broadcast { op: r.op, lhs: sa, rhs: sb, location: r.location })?;
             let (a, b) = ((r.value(self.id), sa), (r.value(other.id), sb));
-            let out = f.forward(Record { r, a, b, out: so })?;
+            let out = f.forward(Record { r, a, b, out: so, par: self.core.par })?;
             Ok((Op::Binary { f, a: self.id, b: other.id }, so, out))
         })
     }
@@ -268,13 +284,13 @@ pub(crate) fn backward<'s, T: Float>(
     b: NodeId<'s>,
 ) -> Result<()> {
     let (so, sa, sb) = (ctx.shape(out), ctx.shape(a), ctx.shape(b));
-    let (va, vb) = (ctx.value(a), ctx.value(b));
+    let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {
-        f.grad_a((dout, &so), (va, &sa), (vb, &sb), da);
+        f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), da);
     }
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
-        f.grad_b((dout, &so), (va, &sa), (vb, &sb), db);
+        f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), db);
     }
     Ok(())
 }

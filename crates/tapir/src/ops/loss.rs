@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
+use crate::kernels::par;
 use crate::kernels::scalar::{sigmoid, softplus};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
@@ -56,11 +57,20 @@ impl<'s, T: Float> Var<'s, T> {
             let shape = r.shape(self.id);
             let (n, c, at) = labels_for(r, shape, labels)?;
             let x = r.value(self.id);
-            let mut total = T::ZERO;
-            for (i, &y) in labels.iter().enumerate() {
-                let row = &x[i * c..(i + 1) * c];
-                total += row_lse(row) - row[y];
-            }
+            let rows = |start: usize, end: usize| {
+                let mut total = T::ZERO;
+                for (i, &y) in labels.iter().enumerate().take(end).skip(start) {
+                    let row = &x[i * c..(i + 1) * c];
+                    total += row_lse(row) - row[y];
+                }
+                total
+            };
+            // Large batches: per-chunk partial sums (rows per chunk fixed by the shape).
+            let total = if x.len() < par::MIN_PARALLEL {
+                rows(0, n)
+            } else {
+                par::sum_chunks(self.core.par, n, par::loss_rows(n, c), &rows)
+            };
             let out = r.alloc_iter(std::iter::once(total / T::from_usize(n)))?;
             Ok((Op::CrossEntropy { logits: self.id, labels: at }, Shape::scalar(), out))
         })
@@ -95,7 +105,13 @@ impl<'s, T: Float> Var<'s, T> {
                 return Err(Error::ShapeMismatch { op: r.op, lhs: sx, rhs: sy, location: r.location });
             }
             let (x, t) = (r.value(self.id), r.value(y.id));
-            let total: T = x.iter().zip(t).map(|(&x, &t)| softplus(x) - x * t).sum();
+            let part =
+                |s: usize, e: usize| -> T { x[s..e].iter().zip(&t[s..e]).map(|(&x, &t)| softplus(x) - x * t).sum() };
+            let total = if x.len() < par::MIN_PARALLEL {
+                part(0, x.len())
+            } else {
+                par::sum_chunks(self.core.par, x.len(), par::loss_rows(x.len(), 1), &part)
+            };
             // The mean of nothing is NaN, as for `mean`.
             let out = r.alloc_iter(std::iter::once(total / T::from_usize(sx.numel())))?;
             Ok((Op::BceWithLogits { x: self.id, y: y.id }, Shape::scalar(), out))
@@ -119,17 +135,26 @@ pub(crate) fn backward_cross_entropy<'s, T: Float>(
     let shape = ctx.shape(logits);
     let (n, c) = (shape.dim(0), shape.dim(1));
     let labels = ctx.extra(labels, n);
-    let x = ctx.value(logits);
+    let (x, threads) = (ctx.value(logits), ctx.par);
     if let Some((dout, dx)) = ctx.grad_pair(out, logits)? {
         let scale = dout[0] / T::from_usize(n);
-        for (i, &y) in labels.iter().enumerate() {
-            let row = &x[i * c..(i + 1) * c];
-            let lse = row_lse(row);
-            let drow = &mut dx[i * c..(i + 1) * c];
-            for (d, &v) in drow.iter_mut().zip(row) {
-                *d += scale * (v - lse).exp();
+        // Rows are independent: a large batch is split by rows over the threads.
+        let rows = |start: usize, dx: &mut [T]| {
+            let i0 = start / c.max(1);
+            for (k, drow) in dx.chunks_exact_mut(c).enumerate() {
+                let i = i0 + k;
+                let row = &x[i * c..(i + 1) * c];
+                let lse = row_lse(row);
+                for (d, &v) in drow.iter_mut().zip(row) {
+                    *d += scale * (v - lse).exp();
+                }
+                drow[labels[i] as usize] -= scale;
             }
-            drow[y as usize] -= scale;
+        };
+        if x.len() < par::MIN_PARALLEL || c == 0 {
+            rows(0, dx);
+        } else {
+            par::for_chunks(par::threads(threads), dx, par::loss_rows(n, c) * c, &rows);
         }
     }
     Ok(())
@@ -159,19 +184,23 @@ pub(crate) fn backward_bce<'s, T: Float>(
     x: NodeId<'s>,
     y: NodeId<'s>,
 ) -> Result<()> {
-    let (xv, yv) = (ctx.value(x), ctx.value(y));
+    let (xv, yv, threads) = (ctx.value(x), ctx.value(y), ctx.par);
     let n = T::from_usize(xv.len());
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         let g = dout[0] / n;
-        for (d, (&xi, &yi)) in dx.iter_mut().zip(xv.iter().zip(yv)) {
-            *d += g * (sigmoid(xi) - yi);
+        let part = |s: usize, dx: &mut [T]| {
+            for (d, (&xi, &yi)) in dx.iter_mut().zip(xv[s..].iter().zip(&yv[s..])) {
+                *d += g * (sigmoid(xi) - yi);
+            }
+        };
+        if xv.len() < par::MIN_PARALLEL {
+            part(0, dx);
+        } else {
+            par::for_chunks(par::threads(threads), dx, par::CHUNK, &part);
         }
     }
     if let Some((dout, dy)) = ctx.grad_pair(out, y)? {
-        let g = dout[0] / n;
-        for (d, &xi) in dy.iter_mut().zip(xv) {
-            *d -= g * xi;
-        }
+        par::axpy(threads, dy, -(dout[0] / n), xv);
     }
     Ok(())
 }

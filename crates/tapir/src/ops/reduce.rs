@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
-use crate::kernels;
+use crate::kernels::{self, par};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx};
 use crate::shape::{resolve_axis, Shape, MAX_RANK};
@@ -22,7 +22,7 @@ impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     pub fn sum(self) -> Var<'s, T> {
         self.core.record(OpKind::Sum, |r| {
-            let out = r.alloc_iter(std::iter::once(kernels::sum(r.value(self.id))))?;
+            let out = r.alloc_iter(std::iter::once(par::sum(self.core.par, r.value(self.id))))?;
             Ok((Op::Sum { x: self.id }, Shape::scalar(), out))
         })
     }
@@ -64,7 +64,7 @@ impl<'s, T: Float> Var<'s, T> {
             if out_shape.numel() > 0 && dims.1 > 0 {
                 let x = r.value(self.id);
                 match kind {
-                    Op::SumAxis { .. } => kernels::sum_axis(x, dims, out),
+                    Op::SumAxis { .. } => par::sum_axis(self.core.par, x, dims, out),
                     Op::MaxAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v > best || v.is_nan()),
                     Op::MinAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v < best || v.is_nan()),
                     _ => kernels::logsumexp_axis(x, dims, out),
@@ -231,9 +231,9 @@ pub(crate) fn backward_sum_axis<'s, T: Float>(
     x: NodeId<'s>,
     axis: u8,
 ) -> Result<()> {
-    let dims = ctx.shape(x).split_at_axis(axis as usize);
+    let (dims, threads) = (ctx.shape(x).split_at_axis(axis as usize), ctx.par);
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        kernels::sum_axis_grad(dout, dims, dx);
+        par::sum_axis_grad(threads, dout, dims, dx);
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use crate::graph::{NodeId, Var};
-use crate::kernels;
+use crate::kernels::par;
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
@@ -21,7 +21,7 @@ impl<'s, T: Float> Var<'s, T> {
             let shape = r.shape(self.id);
             let ax = r.axis(shape, axis)?;
             let out = r.alloc(shape.numel())?;
-            kernels::softmax_axis(r.value(self.id), shape.split_at_axis(ax), out, log);
+            par::softmax_axis(self.core.par, r.value(self.id), shape.split_at_axis(ax), out, log);
             let op = if log {
                 Op::LogSoftmax { x: self.id, axis: ax as u8 }
             } else {
@@ -52,9 +52,9 @@ pub(crate) fn backward<'s, T: Float>(
     log: bool,
 ) -> Result<()> {
     let dims = ctx.shape(x).split_at_axis(axis as usize);
-    let y = ctx.value(out);
+    let (y, threads) = (ctx.value(out), ctx.par);
     if let Some((dy, dx)) = ctx.grad_pair(out, x)? {
-        kernels::softmax_axis_grad(dy, y, dims, dx, log);
+        par::softmax_axis_grad(threads, dy, y, dims, dx, log);
     }
     Ok(())
 }

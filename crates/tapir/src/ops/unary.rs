@@ -46,10 +46,11 @@ use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
     erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
 };
-use crate::kernels::{self, ElementMap, GradMap};
+use crate::kernels::{par, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::Float;
+use faer::Par;
 
 /// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
 /// derivative that does not depend on `x` (backward is then `dx += f'·dout`, which reads
@@ -181,18 +182,37 @@ unary_fns! {
         d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
 }
 
-/// Recording: the output filled from the input in one pass, straight into the arena.
+/// Recording: the output filled from the input in one pass, straight into the arena; a
+/// large input is split over the graph's threads (see [`par`]).
 struct Record<'r, 'a, 's, T> {
     r: &'r Rec<'a, 's, T>,
     x: &'s [T],
+    par: Par,
 }
 
 impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     type Out = Result<&'s mut [T]>;
     #[inline]
-    fn map(self, f: impl Fn(T) -> T) -> Self::Out {
-        self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+    fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
+        if self.x.len() < par::MIN_PARALLEL {
+            self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+        } else {
+            record_large(self.r, self.x, self.par, f)
+        }
     }
+}
+
+/// The split recording of a large input, out of line so that the small case stays tight.
+#[inline(never)]
+fn record_large<'s, T: Float>(
+    r: &Rec<'_, 's, T>,
+    x: &[T],
+    threads: Par,
+    f: impl Fn(T) -> T + Sync,
+) -> Result<&'s mut [T]> {
+    let out = r.alloc(x.len())?;
+    par::map(threads, x, out, f);
+    Ok(out)
 }
 
 /// Backward: `dx += dout ⊙ f'(x, y)`. The values of `x` and `y` are looked up only for
@@ -203,17 +223,18 @@ struct Grad<'a, 's, T> {
     y: NodeId<'s>,
     dout: &'a [T],
     dx: &'a mut [T],
+    par: Par,
 }
 
 impl<T: Float> GradMap<T> for Grad<'_, '_, T> {
     type Out = ();
     #[inline]
-    fn map(self, d: impl Fn(T, T) -> T) {
-        kernels::map_grad(self.dout, self.tape.value(self.x), self.tape.value(self.y), self.dx, d);
+    fn map(self, d: impl Fn(T, T) -> T + Sync) {
+        par::map_grad(self.par, self.dout, self.tape.value(self.x), self.tape.value(self.y), self.dx, d);
     }
     #[inline]
     fn scale(self, c: T) {
-        kernels::axpy(self.dx, c, self.dout);
+        par::axpy(self.par, self.dx, c, self.dout);
     }
 }
 
@@ -226,7 +247,7 @@ impl<'s, T: Float> Var<'s, T> {
         let f = const { UnaryFn::from_code(F) };
         self.core.record(OpKind::Unary(f), |r| {
             let n = r.node(self.id);
-            let out = f.forward(c, Record { r, x: n.value })?;
+            let out = f.forward(c, Record { r, x: n.value, par: self.core.par })?;
             Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
         })
     }
@@ -411,9 +432,9 @@ pub(crate) fn backward<'s, T: Float>(
     x: NodeId<'s>,
     c: [T; 2],
 ) -> Result<()> {
-    let tape = ctx.tape;
+    let (tape, par) = (ctx.tape, ctx.par);
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        f.derivative(c, Grad { tape, x, y: out, dout, dx });
+        f.derivative(c, Grad { tape, x, y: out, dout, dx, par });
     }
     Ok(())
 }

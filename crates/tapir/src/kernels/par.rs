@@ -1,0 +1,478 @@
+//! Large elementwise ops, reductions, softmax and the losses split over the graph's
+//! threads, with results bitwise identical whatever the thread count.
+//!
+//! Below [`MIN_PARALLEL`] elements an op is one call of its kernel on the calling thread.
+//! From there on the work is cut into chunks whose size depends only on the shapes, never
+//! on the thread count, and each chunk is one call of the same per-chunk kernel that the
+//! small case uses; threads only decide which chunks run where. So a vectorised kernel
+//! with its own tail handling sees exactly the same calls at 1, 2 or 16 threads, and a
+//! reduction sums at most [`MAX_PARTIALS`] per-chunk partial sums in chunk order, again
+//! whatever the thread count. The chunks are spread over `threads` rayon tasks with
+//! `rayon::join`, which keeps its jobs on the stack: no heap allocation per op.
+
+use faer::Par;
+
+use crate::shape::Shape;
+use crate::Float;
+
+/// Ops on fewer elements run as one kernel call on the calling thread: below this, a
+/// fork-join (a few microseconds) costs more than the work it would share.
+pub(crate) const MIN_PARALLEL: usize = 1 << 15;
+/// Elements per chunk of an elementwise op (128 KiB of `f32`, a few L2-sized blocks per
+/// thread on the W2 activations).
+pub(crate) const CHUNK: usize = 1 << 13;
+/// The most partial sums a full reduction combines; its chunks grow past [`CHUNK`] so that
+/// there are never more, and the partials live in a stack array.
+pub(crate) const MAX_PARTIALS: usize = 64;
+
+/// Columns per piece when a reduction over rows is split by columns (a bias gradient).
+pub(crate) const COLUMN_BLOCK: usize = 256;
+
+/// The thread count of `par` (1 for `Par::Seq`).
+#[inline]
+pub(crate) fn threads(par: Par) -> usize {
+    par.degree().max(1)
+}
+
+/// Calls `f(start, piece)` for consecutive pieces of `out` of `chunk` elements (the last
+/// may be shorter), `start` being the piece's offset in `out`, spread over `threads` tasks
+/// that each take a contiguous run of pieces.
+pub(crate) fn for_chunks<U: Send>(threads: usize, out: &mut [U], chunk: usize, f: &(impl Fn(usize, &mut [U]) + Sync)) {
+    let chunk = chunk.max(1);
+    let count = out.len().div_ceil(chunk);
+    split(out, 0, chunk, count, threads.clamp(1, count.max(1)), f);
+}
+
+fn split<U: Send>(
+    out: &mut [U],
+    start: usize,
+    chunk: usize,
+    count: usize,
+    tasks: usize,
+    f: &(impl Fn(usize, &mut [U]) + Sync),
+) {
+    if tasks <= 1 {
+        for (i, piece) in out.chunks_mut(chunk).enumerate() {
+            f(start + i * chunk, piece);
+        }
+        return;
+    }
+    let left_tasks = tasks / 2;
+    let left = count * left_tasks / tasks;
+    let (l, r) = out.split_at_mut((left * chunk).min(out.len()));
+    rayon::join(
+        || split(l, start, chunk, left, left_tasks, f),
+        || split(r, start + left * chunk, chunk, count - left, tasks - left_tasks, f),
+    );
+}
+
+// Each entry point tests the size inline and keeps the split out of line
+// (`#[inline(never)]`), so that the small case, which the tape-overhead workloads hit on
+// every op, compiles to the same tight loop as a direct kernel call.
+
+/// `out[i] = f(x[i])` (see [`super::map`]).
+#[inline]
+pub(crate) fn map<T: Float>(par: Par, x: &[T], out: &mut [T], f: impl Fn(T) -> T + Sync) {
+    if out.len() < MIN_PARALLEL {
+        super::map(x, out, f);
+    } else {
+        map_chunks(par, x, out, f);
+    }
+}
+
+#[inline(never)]
+fn map_chunks<T: Float>(par: Par, x: &[T], out: &mut [T], f: impl Fn(T) -> T + Sync) {
+    for_chunks(threads(par), out, CHUNK, &|s, o: &mut [T]| super::map(&x[s..s + o.len()], o, &f));
+}
+
+/// `dx[i] += dout[i] · d(x[i], y[i])` (see [`super::map_grad`]).
+#[inline]
+pub(crate) fn map_grad<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
+    if dx.len() < MIN_PARALLEL {
+        super::map_grad(dout, x, y, dx, d);
+    } else {
+        map_grad_chunks(par, dout, x, y, dx, d);
+    }
+}
+
+#[inline(never)]
+fn map_grad_chunks<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
+    for_chunks(threads(par), dx, CHUNK, &|s, g: &mut [T]| {
+        let e = s + g.len();
+        super::map_grad(&dout[s..e], &x[s..e], &y[s..e], g, &d);
+    });
+}
+
+/// `dst[i] += c · src[i]` (see [`super::axpy`]).
+#[inline]
+pub(crate) fn axpy<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
+    if dst.len() < MIN_PARALLEL {
+        super::axpy(dst, c, src);
+    } else {
+        axpy_chunks(par, dst, c, src);
+    }
+}
+
+#[inline(never)]
+fn axpy_chunks<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
+    for_chunks(threads(par), dst, CHUNK, &|s, d: &mut [T]| super::axpy(d, c, &src[s..s + d.len()]));
+}
+
+/// A 2-D shape `[rows, cols]` for a piece of a tiled broadcast.
+fn rows(rows: usize, cols: usize) -> Shape {
+    Shape::new(&[rows, cols]).expect("a piece of a shape that exists")
+}
+
+/// Elements per chunk of a broadcast whose small side repeats every `n` elements: whole
+/// repetitions, about [`CHUNK`] elements.
+fn tile_chunk(n: usize) -> usize {
+    (CHUNK / n).max(1) * n
+}
+
+/// `out[i] = f(a[ia], b[ib])` with broadcasting (see [`super::binary`]). Equal shapes and
+/// a side that repeats end to end (a bias row) are split; other broadcasts run on the
+/// calling thread.
+#[inline]
+pub(crate) fn binary<T: Float>(
+    par: Par,
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (out, so): (&mut [T], &Shape),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    if out.len() < MIN_PARALLEL {
+        super::binary((a, sa), (b, sb), (out, so), f);
+    } else {
+        binary_chunks(par, (a, sa), (b, sb), (out, so), f);
+    }
+}
+
+#[inline(never)]
+fn binary_chunks<T: Float>(
+    par: Par,
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (out, so): (&mut [T], &Shape),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    let t = threads(par);
+    if sa == so && sb == so {
+        for_chunks(t, out, CHUNK, &|s, o: &mut [T]| {
+            let e = s + o.len();
+            let sh = rows(1, o.len());
+            super::binary((&a[s..e], &sh), (&b[s..e], &sh), (o, &sh), &f);
+        });
+    } else if let (true, Some(n)) = (sa == so, super::tile_len(sb, so)) {
+        for_chunks(t, out, tile_chunk(n), &|s, o: &mut [T]| {
+            let sh = rows(o.len() / n, n);
+            super::binary((&a[s..s + o.len()], &sh), (b, &rows(1, n)), (o, &sh), &f);
+        });
+    } else if let (true, Some(n)) = (sb == so, super::tile_len(sa, so)) {
+        for_chunks(t, out, tile_chunk(n), &|s, o: &mut [T]| {
+            let sh = rows(o.len() / n, n);
+            super::binary((a, &rows(1, n)), (&b[s..s + o.len()], &sh), (o, &sh), &f);
+        });
+    } else {
+        super::binary((a, sa), (b, sb), (out, so), f);
+    }
+}
+
+/// `da[ia] += g(dout[i], a[ia], b[ib])`, summed over `a`'s broadcast dimensions (see
+/// [`super::binary_grad`]). When `a` repeats along `dout` (a bias), its gradient is a sum
+/// over the repetitions: the columns are split, and every element still sums its rows in
+/// order, so the bits do not depend on the split.
+#[inline]
+pub(crate) fn binary_grad<T: Float>(
+    par: Par,
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T + Sync,
+) {
+    if dout.len() < MIN_PARALLEL {
+        super::binary_grad((dout, so), (a, sa), (b, sb), da, g);
+    } else {
+        binary_grad_chunks(par, (dout, so), (a, sa), (b, sb), da, g);
+    }
+}
+
+#[inline(never)]
+fn binary_grad_chunks<T: Float>(
+    par: Par,
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T + Sync,
+) {
+    let t = threads(par);
+    if sa == so && sb == so {
+        for_chunks(t, da, CHUNK, &|s, d: &mut [T]| {
+            let e = s + d.len();
+            let sh = rows(1, d.len());
+            super::binary_grad((&dout[s..e], &sh), (&a[s..e], &sh), (&b[s..e], &sh), d, &g);
+        });
+    } else if let (true, Some(n)) = (sa == so, super::tile_len(sb, so)) {
+        for_chunks(t, da, tile_chunk(n), &|s, d: &mut [T]| {
+            let e = s + d.len();
+            let sh = rows(d.len() / n, n);
+            super::binary_grad((&dout[s..e], &sh), (&a[s..e], &sh), (b, &rows(1, n)), d, &g);
+        });
+    } else if let (true, Some(n)) = (sb == so, super::tile_len(sa, so)) {
+        // Column blocks of a fixed width; every block walks all rows in order.
+        for_chunks(t, da, COLUMN_BLOCK, &|c, d: &mut [T]| {
+            let e = c + d.len();
+            for (gc, bc) in dout.chunks_exact(n).zip(b.chunks_exact(n)) {
+                for (((d, &go), &x), &y) in d.iter_mut().zip(&gc[c..e]).zip(&a[c..e]).zip(&bc[c..e]) {
+                    *d += g(go, x, y);
+                }
+            }
+        });
+    } else {
+        super::binary_grad((dout, so), (a, sa), (b, sb), da, g);
+    }
+}
+
+/// Sum of all elements: above [`MIN_PARALLEL`], at most [`MAX_PARTIALS`] chunk sums (each
+/// by [`super::sum`]) added in chunk order.
+#[inline]
+pub(crate) fn sum<T: Float>(par: Par, x: &[T]) -> T {
+    if x.len() < MIN_PARALLEL {
+        super::sum(x)
+    } else {
+        sum_large(par, x)
+    }
+}
+
+#[inline(never)]
+fn sum_large<T: Float>(par: Par, x: &[T]) -> T {
+    let chunk = x.len().div_ceil(MAX_PARTIALS).next_multiple_of(64).max(CHUNK);
+    sum_chunks(par, x.len(), chunk, &|s, e| super::sum(&x[s..e]))
+}
+
+/// `Σ_i part(start_i, end_i)` over chunks `[start_i, end_i)` of `0..len` of `chunk`
+/// elements, at most [`MAX_PARTIALS`] of them (`chunk` must make it so), the partials
+/// computed on `par`'s threads and added in order.
+pub(crate) fn sum_chunks<T: Float>(
+    par: Par,
+    len: usize,
+    chunk: usize,
+    part: &(impl Fn(usize, usize) -> T + Sync),
+) -> T {
+    let count = len.div_ceil(chunk);
+    assert!(count <= MAX_PARTIALS, "a reduction's chunks are sized to at most MAX_PARTIALS");
+    let mut partials = [T::ZERO; MAX_PARTIALS];
+    for_chunks(threads(par), &mut partials[..count], 1, &|i, p: &mut [T]| {
+        p[0] = part(i * chunk, ((i + 1) * chunk).min(len));
+    });
+    let mut total = T::ZERO;
+    for p in &partials[..count] {
+        total += *p;
+    }
+    total
+}
+
+/// Rows per chunk of a row-wise op on rows of `len` elements: about [`CHUNK`] elements.
+fn row_chunk(len: usize) -> usize {
+    (CHUNK / len.max(1)).max(1)
+}
+
+/// Runs `f(outer_range, in_piece, out_piece)` over blocks of the outer dimension of `x`
+/// viewed as `(outer, len, inner)`, where `out` has `out_len` elements per outer index.
+fn outer_blocks<T: Float>(
+    par: Par,
+    x: &[T],
+    (outer, len, inner): (usize, usize, usize),
+    out: &mut [T],
+    out_len: usize,
+    f: &(impl Fn(usize, &[T], &mut [T]) + Sync),
+) {
+    let per = row_chunk(len * inner);
+    // Pieces of `out` of `per` outer indices each.
+    for_chunks(threads(par), &mut out[..outer * out_len], per * out_len, &|s, o: &mut [T]| {
+        let (o0, n) = (s / out_len, o.len() / out_len);
+        f(n, &x[o0 * len * inner..(o0 + n) * len * inner], o);
+    });
+}
+
+/// `out[o, i] = Σ_l x[o, l, i]` (see [`super::sum_axis`]); every output element sums its
+/// `len` inputs in order, on whichever thread, so the split does not change the bits.
+pub(crate) fn sum_axis<T: Float>(par: Par, x: &[T], dims: (usize, usize, usize), out: &mut [T]) {
+    let (outer, len, inner) = dims;
+    if x.len() < MIN_PARALLEL {
+        return super::sum_axis(x, dims, out);
+    }
+    if outer >= 2 {
+        outer_blocks(par, x, dims, out, inner, &|n, xp, op| super::sum_axis(xp, (n, len, inner), op));
+        return;
+    }
+    // Few outer blocks (a bias gradient: outer = 1): split the columns.
+    for o in 0..outer {
+        let xo = &x[o * len * inner..(o + 1) * len * inner];
+        for_chunks(threads(par), &mut out[o * inner..(o + 1) * inner], COLUMN_BLOCK, &|c, d: &mut [T]| {
+            for l in 0..len {
+                super::add_assign(d, &xo[l * inner + c..l * inner + c + d.len()]);
+            }
+        });
+    }
+}
+
+/// `dx[o, l, i] += dout[o, i]` (see [`super::sum_axis_grad`]).
+pub(crate) fn sum_axis_grad<T: Float>(par: Par, dout: &[T], dims: (usize, usize, usize), dx: &mut [T]) {
+    let (_, len, inner) = dims;
+    if dx.len() < MIN_PARALLEL || len * inner == 0 {
+        return super::sum_axis_grad(dout, dims, dx);
+    }
+    let per = row_chunk(len * inner);
+    for_chunks(threads(par), dx, per * len * inner, &|s, d: &mut [T]| {
+        let (o0, n) = (s / (len * inner), d.len() / (len * inner));
+        super::sum_axis_grad(&dout[o0 * inner..(o0 + n) * inner], (n, len, inner), d);
+    });
+}
+
+/// Softmax (or log-softmax) along the axis (see [`super::softmax_axis`]), split over the
+/// outer dimension; each row is computed whole by one call, so the split does not change
+/// the bits. With a single outer block it runs on the calling thread.
+pub(crate) fn softmax_axis<T: Float>(par: Par, x: &[T], dims: (usize, usize, usize), out: &mut [T], log: bool) {
+    let (outer, len, inner) = dims;
+    if x.len() < MIN_PARALLEL || outer < 2 {
+        return super::softmax_axis(x, dims, out, log);
+    }
+    let per = row_chunk(len * inner);
+    for_chunks(threads(par), out, per * len * inner, &|s, o: &mut [T]| {
+        let n = o.len() / (len * inner);
+        super::softmax_axis(&x[s..s + o.len()], (n, len, inner), o, log);
+    });
+}
+
+/// The gradient of [`softmax_axis`] (see [`super::softmax_axis_grad`]), split the same way.
+pub(crate) fn softmax_axis_grad<T: Float>(
+    par: Par,
+    dy: &[T],
+    y: &[T],
+    dims: (usize, usize, usize),
+    dx: &mut [T],
+    log: bool,
+) {
+    let (outer, len, inner) = dims;
+    if dx.len() < MIN_PARALLEL || outer < 2 {
+        return super::softmax_axis_grad(dy, y, dims, dx, log);
+    }
+    let per = row_chunk(len * inner);
+    for_chunks(threads(par), dx, per * len * inner, &|s, d: &mut [T]| {
+        let e = s + d.len();
+        let n = d.len() / (len * inner);
+        super::softmax_axis_grad(&dy[s..e], &y[s..e], (n, len, inner), d, log);
+    });
+}
+
+/// Rows per chunk of a loss over `n` rows of `c` classes: about [`CHUNK`] elements, and
+/// never more than [`MAX_PARTIALS`] chunks. Depends only on the shape.
+pub(crate) fn loss_rows(n: usize, c: usize) -> usize {
+    row_chunk(c).max(n.div_ceil(MAX_PARTIALS)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f64> {
+        // A fixed pseudo-random sequence (an LCG), spread over several magnitudes, so that
+        // summation order shows in the last bits.
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 10f64.powi((s % 7) as i32 - 3)
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f64]) -> Vec<u64> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn chunks_cover_every_element_once_at_any_thread_count() {
+        for threads in [1, 2, 3, 4, 7] {
+            for len in [0, 1, 5, 64, 65, 1000] {
+                let mut seen = vec![0u32; len];
+                for_chunks(threads, &mut seen, 7, &|s, piece: &mut [u32]| {
+                    for (i, v) in piece.iter_mut().enumerate() {
+                        *v += 1 + (s + i) as u32;
+                    }
+                });
+                let want: Vec<u32> = (0..len as u32).map(|i| i + 1).collect();
+                assert_eq!(seen, want, "{threads} threads, {len} elements");
+            }
+        }
+    }
+
+    #[test]
+    fn large_ops_give_the_same_bits_at_1_2_and_4_threads() {
+        let (rows_, cols) = (300, 257); // 77,100 elements: above MIN_PARALLEL, ragged chunks
+        let n = rows_ * cols;
+        let (x, y, bias) = (data(n, 1), data(n, 2), data(cols, 3));
+        let (so, sb) = (Shape::new(&[rows_, cols]).unwrap(), Shape::new(&[cols]).unwrap());
+        let run = |par: Par| {
+            let mut got = Vec::new();
+            let mut out = vec![0.0; n];
+            map(par, &x, &mut out, |v| v.tanh());
+            got.extend(bits(&out));
+            let mut dx = y.clone();
+            map_grad(par, &y, &x, &out, &mut dx, |a, b| a * b);
+            got.extend(bits(&dx));
+            let mut out = vec![0.0; n];
+            binary(par, (&x, &so), (&bias, &sb), (&mut out, &so), |a, b| a * b + 1.0);
+            got.extend(bits(&out));
+            let mut db = vec![0.0; cols];
+            binary_grad(par, (&y, &so), (&bias, &sb), (&x, &so), &mut db, |d, _, v| d * v);
+            got.extend(bits(&db));
+            got.push(sum(par, &x).to_bits());
+            let mut s0 = vec![0.0; cols];
+            sum_axis(par, &x, (1, rows_, cols), &mut s0);
+            got.extend(bits(&s0));
+            let mut s1 = vec![0.0; rows_];
+            sum_axis(par, &x, (rows_, cols, 1), &mut s1);
+            got.extend(bits(&s1));
+            let mut sm = vec![0.0; n];
+            softmax_axis(par, &x, (rows_, cols, 1), &mut sm, false);
+            got.extend(bits(&sm));
+            let mut dsm = vec![0.0; n];
+            softmax_axis_grad(par, &y, &sm, (rows_, cols, 1), &mut dsm, false);
+            got.extend(bits(&dsm));
+            got
+        };
+        let one = run(Par::Seq);
+        assert_eq!(one, run(Par::rayon(2)));
+        assert_eq!(one, run(Par::rayon(4)));
+    }
+
+    #[test]
+    fn parallel_sums_match_an_f64_reference_closely() {
+        // Chunked summation changes the rounding, not the value: compare with a sum of the
+        // same numbers in 128-bit-ish compensated (Neumaier) summation.
+        let x = data(100_003, 9);
+        let (mut s, mut c) = (0.0f64, 0.0f64);
+        for &v in &x {
+            let t = s + v;
+            c += if s.abs() >= v.abs() { (s - t) + v } else { (v - t) + s };
+            s = t;
+        }
+        let exact = s + c;
+        let got = sum(Par::rayon(2), &x);
+        assert!((got - exact).abs() <= 1e-12 * x.iter().map(|v| v.abs()).sum::<f64>(), "{got} vs {exact}");
+        // Column sums: each column summed in order, so equal to a plain loop.
+        let (r, cols) = (400, 250);
+        let mut out = vec![0.0; cols];
+        sum_axis(Par::rayon(2), &x[..r * cols], (1, r, cols), &mut out);
+        for (j, &o) in out.iter().enumerate() {
+            let mut want = 0.0;
+            for i in 0..r {
+                want += x[i * cols + j];
+            }
+            assert_eq!(o.to_bits(), want.to_bits(), "column {j}");
+        }
+    }
+}

@@ -1,8 +1,12 @@
 //! Slice-in, slice-out math. Kernels never see `NodeId`s, scopes or the tape: shapes and
 //! slices in, slices out. Graph ops and eager [`Tensor`](crate::Tensor) ops share them.
 
+#[cfg(test)]
+mod accuracy;
 pub(crate) mod matmul;
 pub(crate) mod scalar;
+pub(crate) mod simd;
+pub(crate) mod vmath;
 
 use crate::shape::{Shape, MAX_RANK};
 use crate::Float;
@@ -174,36 +178,44 @@ pub(crate) trait GradMap<T> {
     fn scale(self, c: T) -> Self::Out;
 }
 
-/// `out[i] = f(x[i])`.
-#[inline]
+/// `out[i] = f(x[i])`, vectorised for the CPU at hand (see [`simd`]).
+#[inline(always)]
 pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = f(v);
-    }
+    simd::run(x.len(), || {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f(v);
+        }
+    });
 }
 
-/// `dx[i] += dout[i] · d(x[i], y[i])` for an elementwise `y = f(x)`.
-#[inline]
+/// `dx[i] += dout[i] · d(x[i], y[i])` for an elementwise `y = f(x)`, vectorised.
+#[inline(always)]
 pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
-    for (((g, &go), &xv), &yv) in dx.iter_mut().zip(dout).zip(x).zip(y) {
-        *g += go * d(xv, yv);
-    }
+    simd::run(dx.len(), || {
+        for (((g, &go), &xv), &yv) in dx.iter_mut().zip(dout).zip(x).zip(y) {
+            *g += go * d(xv, yv);
+        }
+    });
 }
 
-/// `dst[i] += src[i]`.
+/// `dst[i] += src[i]`, vectorised.
 #[inline]
 pub(crate) fn add_assign<T: Float>(dst: &mut [T], src: &[T]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += s;
-    }
+    simd::run(dst.len(), || {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
+    });
 }
 
-/// `dst[i] += c · src[i]`.
+/// `dst[i] += c · src[i]`, vectorised.
 #[inline]
 pub(crate) fn axpy<T: Float>(dst: &mut [T], c: T, src: &[T]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += c * s;
-    }
+    simd::run(dst.len(), || {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += c * s;
+        }
+    });
 }
 
 /// Sum of all elements, in eight lanes (vectorisable, and more accurate than a running sum).

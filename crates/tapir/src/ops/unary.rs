@@ -19,10 +19,10 @@
 //! | `recip`       | `1/x`                                 | `-y²`                            | `1/0 = ∞`, grad `-∞`                    |
 //! | `abs`         | `\|x\|`                               | `sign x` (0 at 0)                |                                         |
 //! | `sin`, `cos`  | `sin x`, `cos x`                      | `cos x`, `-sin x`                |                                         |
-//! | `tanh`        | `tanh x`                              | `1 - y²`                         |                                         |
+//! | `tanh`        | `tanh x`                              | `4e/(1+e)²`, `e = e^(−2\|x\|)`   |                                         |
 //! | `atan`        | `atan x`                              | `1/(1 + x²)`                     | `atan ±∞ = ±π/2`, grad `0`              |
 //! | `erf`         | `erf x`                               | `2/√π · e^(−x²)`                 |                                         |
-//! | `sigmoid`     | `1/(1+e⁻ˣ)` (stable)                  | `y(1-y)`                         |                                         |
+//! | `sigmoid`     | `1/(1+e⁻ˣ)` (stable)                  | `e/(1+e)²`, `e = e^(−\|x\|)`     |                                         |
 //! | `relu`        | `max(x, 0)`                           | `1` if `y > 0`, else `0`         | NaN: value NaN, gradient passes `dout` (PyTorch) |
 //! | `leaky_relu`  | `x` if `x > 0`, else `αx`             | `1` or `α`                       |                                         |
 //! | `gelu`        | `x·Φ(x)`, `Φ(x) = (1 + erf(x/√2))/2`  | `Φ(x) + x·φ(x)`                  |                                         |
@@ -39,7 +39,8 @@ use crate::error::Result;
 use crate::graph::tape::Tape;
 use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
-    erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
+    erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sigmoid_grad, sign, silu, silu_grad,
+    softplus, tanh_grad,
 };
 use crate::kernels::{self, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
@@ -151,13 +152,13 @@ unary_fns! {
     /// `cos x`.
     Cos "cos": |x, _c| x.cos(), d |x, _y, _c| -x.sin();
     /// `tanh x`.
-    Tanh "tanh": |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
+    Tanh "tanh": |x, _c| x.tanh(), d |x, _y, _c| tanh_grad(x);
     /// `atan x`.
     Atan "atan": |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
     /// The error function.
     Erf "erf": |x, _c| x.erf(), d |x, _y, _c| erf_grad(x);
     /// `1/(1+e⁻ˣ)`.
-    Sigmoid "sigmoid": |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
+    Sigmoid "sigmoid": |x, _c| sigmoid(x), d |x, _y, _c| sigmoid_grad(x);
     /// `max(x, 0)`.
     Relu "relu": |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
     /// `x` for `x > 0`, else `c·x`.
@@ -186,7 +187,14 @@ impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     type Out = Result<&'s mut [T]>;
     #[inline]
     fn map(self, f: impl Fn(T) -> T) -> Self::Out {
-        self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+        if self.x.len() < kernels::simd::MIN_LEN {
+            self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+        } else {
+            // Long inputs: a vectorised pass over a fresh buffer beats the iterator.
+            let out = self.r.alloc(self.x.len())?;
+            kernels::map(self.x, out, f);
+            Ok(out)
+        }
     }
 }
 

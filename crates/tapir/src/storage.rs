@@ -233,9 +233,13 @@ fn slack(used: usize) -> usize {
 /// scalar, say); without that it reloads the scalar for every element and cannot vectorise.
 #[inline(never)]
 fn fill_from<T: Pod>(out: &mut [T], iter: impl Iterator<Item = T>) {
-    for (o, v) in out.iter_mut().zip(iter) {
-        *o = v;
-    }
+    // Under runtime dispatch, so that the iterator's work (an elementwise function, say)
+    // vectorises for AVX2/AVX-512 where the CPU has them.
+    crate::kernels::simd::run(out.len(), || {
+        for (o, v) in out.iter_mut().zip(iter) {
+            *o = v;
+        }
+    });
 }
 
 #[cfg(test)]

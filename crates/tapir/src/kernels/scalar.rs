@@ -34,21 +34,6 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
     sigmoid_pair(x).0
 }
 
-/// `σ'(x) = e^(−|x|)/(1 + e^(−|x|))²`, accurate in both tails (unlike `y(1 − y)`).
-#[inline(always)]
-pub(crate) fn sigmoid_grad<T: Float>(x: T) -> T {
-    let (e, r) = logistic_parts(x);
-    e * r * r
-}
-
-/// `tanh'(x) = 1 − tanh² x = 4e^(−2|x|)/(1 + e^(−2|x|))²`, accurate in both tails (unlike
-/// `1 − y²`, which keeps only the absolute accuracy of `y` once `|y|` nears 1).
-#[inline(always)]
-pub(crate) fn tanh_grad<T: Float>(x: T) -> T {
-    let (e, r) = logistic_parts(x + x);
-    T::from_f64(4.0) * (e * r * r)
-}
-
 /// `ln(1 + eˣ) = max(x, 0) + ln(1 + e^-|x|)`, which never overflows; NaN stays NaN.
 #[inline(always)]
 pub(crate) fn softplus<T: Float>(x: T) -> T {

@@ -29,9 +29,20 @@ pub(crate) fn run<R>(len: usize, f: impl FnOnce() -> R) -> R {
     if len < MIN_LEN {
         f()
     } else {
-        arch().dispatch(
-            #[inline(always)]
-            || f(),
-        )
+        dispatch(f)
     }
+}
+
+/// The dispatching call, out of line: the callers of [`run`] are recording and backward
+/// functions that short tensors (shape `[1]`) go through too, and inlining every
+/// instruction set's copy of the loop into them would slow those down.
+#[inline(never)]
+fn dispatch<R>(f: impl FnOnce() -> R) -> R {
+    // The wrapper carries `inline(always)`, so that `f`'s body lands in pulp's
+    // `#[target_feature]` function and is compiled for its instruction set.
+    #[allow(clippy::redundant_closure)]
+    arch().dispatch(
+        #[inline(always)]
+        || f(),
+    )
 }

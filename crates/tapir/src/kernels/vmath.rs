@@ -274,6 +274,7 @@ macro_rules! elementary {
 }
 
 /// `f32` kernels.
+#[allow(clippy::excessive_precision)]
 pub(crate) mod m32 {
     use super::inv_factorial;
     elementary!(f32, u32);
@@ -358,6 +359,7 @@ pub(crate) mod m32 {
 }
 
 /// `f64` kernels.
+#[allow(clippy::excessive_precision)]
 pub(crate) mod m64 {
     use super::inv_factorial;
     elementary!(f64, u64);

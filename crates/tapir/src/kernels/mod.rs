@@ -95,7 +95,11 @@ pub(crate) fn binary<T: Float>(
     (out, so): (&mut [T], &Shape),
     f: impl Fn(T, T) -> T,
 ) {
-    simd::run(out.len(), || binary_loop((a, sa), (b, sb), (out, so), f));
+    simd::run(
+        out.len(),
+        #[inline(always)]
+        || binary_loop((a, sa), (b, sb), (out, so), f),
+    );
 }
 
 #[inline(always)]
@@ -193,11 +197,15 @@ pub(crate) trait GradMap<T> {
 /// `out[i] = f(x[i])`, vectorised for the CPU at hand (see [`simd`]).
 #[inline(always)]
 pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
-    simd::run(x.len(), || {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = f(v);
-        }
-    });
+    simd::run(
+        x.len(),
+        #[inline(always)]
+        || {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = f(v);
+            }
+        },
+    );
 }
 
 /// `dx[i] += dout[i] · d(x[i], y[i])` for an elementwise `y = f(x)`. Not under SIMD
@@ -214,7 +222,11 @@ pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: 
 /// [`map_grad`] out of line and under SIMD dispatch, for long derivative formulas.
 #[inline(never)]
 pub(crate) fn map_grad_long<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
-    simd::run(dx.len(), || map_grad(dout, x, y, dx, d));
+    simd::run(
+        dx.len(),
+        #[inline(always)]
+        || map_grad(dout, x, y, dx, d),
+    );
 }
 
 /// `dst[i] += src[i]`.

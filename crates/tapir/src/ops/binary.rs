@@ -124,7 +124,7 @@ impl<'s, T: Float> PairMap<T> for Record<'_, '_, 's, T> {
     fn map(self, f: impl Fn(T, T) -> T) -> Self::Out {
         let ((a, sa), (b, sb), so) = (self.a, self.b, self.out);
         if sa == so && sb == so {
-            return self.r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
+            return self.r.alloc_iter(a.iter().zip(b).map(move |(&x, &y)| f(x, y)));
         }
         let out = self.r.alloc(so.numel())?;
         kernels::binary((a, &sa), (b, &sb), (&mut *out, &so), f);

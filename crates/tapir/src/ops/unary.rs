@@ -193,7 +193,9 @@ impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     #[inline]
     fn map(self, f: impl Fn(T) -> T) -> Self::Out {
         // The arena fills long values under SIMD dispatch (`storage::fill_from`).
-        self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+        // `move`: the iterator owns `f` (and its scalar arguments), so the vectorised fill
+        // loop keeps them in registers instead of reloading them after every store.
+        self.r.alloc_iter(self.x.iter().map(move |&v| f(v)))
     }
 }
 

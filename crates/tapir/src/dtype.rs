@@ -125,19 +125,19 @@ macro_rules! impl_float {
             fn to_f64(self) -> f64 {
                 self as f64
             }
-            #[inline]
+            #[inline(always)]
             fn exp(self) -> Self {
                 crate::kernels::vmath::$m::exp(self)
             }
-            #[inline]
+            #[inline(always)]
             fn ln(self) -> Self {
                 crate::kernels::vmath::$m::ln(self)
             }
-            #[inline]
+            #[inline(always)]
             fn ln_1p(self) -> Self {
                 crate::kernels::vmath::$m::ln_1p(self)
             }
-            #[inline]
+            #[inline(always)]
             fn exp_m1(self) -> Self {
                 crate::kernels::vmath::$m::exp_m1(self)
             }
@@ -161,27 +161,27 @@ macro_rules! impl_float {
             fn cos(self) -> Self {
                 <$t>::cos(self)
             }
-            #[inline]
+            #[inline(always)]
             fn tanh(self) -> Self {
                 crate::kernels::vmath::$m::tanh(self)
             }
-            #[inline]
+            #[inline(always)]
             fn erf(self) -> Self {
                 crate::kernels::vmath::$m::erf(self)
             }
-            #[inline]
+            #[inline(always)]
             fn erf_grad(self) -> Self {
                 crate::kernels::vmath::$m::erf_grad(self)
             }
-            #[inline]
+            #[inline(always)]
             fn gelu(self) -> Self {
                 crate::kernels::vmath::$m::gelu(self)
             }
-            #[inline]
+            #[inline(always)]
             fn gelu_grad(self) -> Self {
                 crate::kernels::vmath::$m::gelu_grad(self)
             }
-            #[inline]
+            #[inline(always)]
             fn copysign(self, sign: Self) -> Self {
                 <$t>::copysign(self, sign)
             }

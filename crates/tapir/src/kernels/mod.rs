@@ -172,6 +172,8 @@ pub(crate) trait ElementMap<T> {
     type Out;
     /// Applies `f` to every element.
     fn map(self, f: impl Fn(T) -> T) -> Self::Out;
+    /// As `map` for a long formula, whose loop should run out of line.
+    fn map_long(self, f: impl Fn(T) -> T) -> Self::Out;
 }
 
 /// As [`ElementMap`] for a binary function `f(a, b)`.
@@ -360,6 +362,13 @@ pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usi
 /// Softmax along the axis: `y = exp(x - lse)`; with `log`, `y = x - lse`.
 pub(crate) fn softmax_axis<T: Float>(x: &[T], dims: (usize, usize, usize), out: &mut [T], log: bool) {
     let (outer, len, inner) = dims;
+    if inner == 1 && len > 0 {
+        // The last axis (attention rows, class scores): contiguous rows, vectorised.
+        for (row, orow) in x.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
+            softmax_row(row, orow, log);
+        }
+        return;
+    }
     for o in 0..outer {
         for i in 0..inner {
             let at = |l: usize| (o * len + l) * inner + i;
@@ -376,6 +385,22 @@ pub(crate) fn softmax_axis<T: Float>(x: &[T], dims: (usize, usize, usize), out: 
                 out[at(l)] = if log { x[at(l)] - lse } else { (x[at(l)] - lse).exp() };
             }
         }
+    }
+}
+
+/// [`softmax_axis`] of one contiguous row: the exponentials through the vectorised
+/// [`map`], their sum in [`sum`]'s lanes.
+fn softmax_row<T: Float>(row: &[T], out: &mut [T], log: bool) {
+    let mut m = T::neg_infinity();
+    for &v in row {
+        m = m.max(v);
+    }
+    map(row, out, |v| (v - m).exp());
+    let lse = m + sum(out).ln();
+    if log {
+        map(row, out, |v| v - lse);
+    } else {
+        map(row, out, |v| (v - lse).exp());
     }
 }
 

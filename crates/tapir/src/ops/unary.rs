@@ -154,13 +154,13 @@ unary_fns! {
     Powf "powf": f |x, c| x.powf(c[0]),
         d |x, _y, c| if c[0] == T::ZERO { T::ZERO } else { c[0] * x.powf(c[0] - T::ONE) };
     /// `eˣ`.
-    Exp "exp": flong |x, _c| x.exp(), d |_x, y, _c| y;
+    Exp "exp": f |x, _c| x.exp(), d |_x, y, _c| y;
     /// `ln x`.
-    Log "log": flong |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
+    Log "log": f |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
     /// `ln(1 + x)`.
-    Log1p "log1p": flong |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
+    Log1p "log1p": f |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
     /// `eˣ − 1`.
-    Expm1 "expm1": flong |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
+    Expm1 "expm1": f |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
     /// `√x`.
     Sqrt "sqrt": f |x, _c| x.sqrt(), d |_x, y, _c| T::from_f64(0.5) / y;
     /// `1/√x`.
@@ -176,13 +176,13 @@ unary_fns! {
     /// `cos x`.
     Cos "cos": f |x, _c| x.cos(), d |x, _y, _c| -x.sin();
     /// `tanh x`.
-    Tanh "tanh": flong |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
+    Tanh "tanh": f |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
     /// `atan x`.
     Atan "atan": f |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
     /// The error function.
     Erf "erf": flong |x, _c| x.erf(), dlong |x, _y, _c| erf_grad(x);
     /// `1/(1+e⁻ˣ)`.
-    Sigmoid "sigmoid": flong |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
+    Sigmoid "sigmoid": f |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
     /// `max(x, 0)`.
     Relu "relu": f |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
     /// `x` for `x > 0`, else `c·x`.

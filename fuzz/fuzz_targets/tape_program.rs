@@ -1,5 +1,6 @@
 //! Random programs from raw bytes: never a panic, always the documented error, and
-//! gradients that match finite differences. The body is `tapir_testing::program`, which
+//! gradients (and, for small smooth programs, recorded second derivatives) that match
+//! finite differences. The body is `tapir_testing::program`, which
 //! the stable replay test (`crates/tapir-testing/tests/fuzz_replay.rs`) runs on the corpus
 //! too. Inputs starting with `TPv1` use the extensible op codes (`tapir_testing::codes`).
 #![no_main]

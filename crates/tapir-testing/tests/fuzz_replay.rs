@@ -26,15 +26,19 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
 fn tape_program_corpus_replays_clean() {
     let files = corpus("tape_program");
     assert!(files.len() >= 10, "the seed corpus is missing: {} files", files.len());
-    let mut gradchecked = 0;
+    let (mut gradchecked, mut second) = (0, 0);
     for (name, bytes) in &files {
         match run_program(bytes) {
-            Ok(report) => gradchecked += usize::from(report.gradchecked),
+            Ok(report) => {
+                gradchecked += usize::from(report.gradchecked);
+                second += usize::from(report.gradgradchecked);
+            }
             Err(finding) => panic!("{name}: {finding}"),
         }
     }
-    eprintln!("replayed {} programs, {gradchecked} gradient-checked", files.len());
+    eprintln!("replayed {} programs, {gradchecked} gradient-checked, {second} to second order", files.len());
     assert!(gradchecked > 0, "no corpus program reached the finite-difference check");
+    assert!(second > 0, "no corpus program reached the second-order check");
 }
 
 #[test]

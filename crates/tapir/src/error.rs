@@ -154,6 +154,20 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// A recorded gradient ([`Scope::grad`](crate::Scope::grad)) through a custom op
+    /// that provides no recorded derivative ([`CustomOp::grad`](crate::CustomOp::grad)).
+    /// Every built-in op has one.
+    #[error("{op}: a recorded (differentiable) gradient through custom op `{custom}` (input shapes {inputs}) needs CustomOp::grad, which the op does not provide; the fast backward still works (at {location})", inputs = list(inputs))]
+    SecondOrderUnsupported {
+        /// The method that walked the tape (`grad`, `vjp`, ...).
+        op: &'static str,
+        /// The custom op's name.
+        custom: &'static str,
+        /// Its inputs' shapes.
+        inputs: Vec<Shape>,
+        /// Caller's location.
+        location: Loc,
+    },
     /// The arena's byte limit would be exceeded.
     #[error(
         "{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})"
@@ -304,6 +318,7 @@ impl Error {
             | Error::InvalidArgument { op, .. }
             | Error::UnknownParam { op, .. }
             | Error::CustomOp { op, .. }
+            | Error::SecondOrderUnsupported { op, .. }
             | Error::Io { op, .. } => op,
         }
     }
@@ -332,7 +347,8 @@ impl Error {
             | Error::NonFinite { location, .. }
             | Error::InvalidArgument { location, .. }
             | Error::UnknownParam { location, .. }
-            | Error::CustomOp { location, .. } => Some(location),
+            | Error::CustomOp { location, .. }
+            | Error::SecondOrderUnsupported { location, .. } => Some(location),
         }
     }
 }

@@ -33,6 +33,7 @@
 
 mod dtype;
 mod error;
+pub mod func;
 mod graph;
 mod kernels;
 mod ops;

@@ -5,10 +5,12 @@
 use faer::Par;
 
 use crate::error::{Error, Loc, Result};
+use crate::graph::core::Core;
 use crate::graph::id::NodeMap;
-use crate::graph::tape::{NodeView, Tape};
-use crate::graph::NodeId;
+use crate::graph::tape::{NodeView, Slot, Tape};
+use crate::graph::{NodeId, Var};
 use crate::ops::custom::{CustomEntry, CustomScratch};
+use crate::ops::Op;
 use crate::shape::{resolve_axis, Shape};
 use crate::storage::{AllocFail, Arena};
 use crate::Float;
@@ -199,4 +201,88 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         }
         Ok(slot.as_deref_mut().map(|g| (dout, g)))
     }
+}
+
+/// What an op's recorded derivative sees (see `graph/grad.rs`): the scope's core, through
+/// which it records the derivative with the ordinary op methods, and the side table of
+/// gradient handles it adds its inputs' contributions to.
+///
+/// It holds no borrow of the tape: every read is a short borrow, so recording in between
+/// never meets a live borrow.
+pub(crate) struct GradCtx<'a, 's, T: Float> {
+    pub(crate) core: &'s Core<'s, T>,
+    pub(crate) slots: &'a mut NodeMap<'s, Slot<'s>>,
+}
+
+impl<'s, T: Float> GradCtx<'_, 's, T> {
+    /// A handle to node `id`.
+    #[inline]
+    pub fn var(&self, id: NodeId<'s>) -> Var<'s, T> {
+        Var { core: self.core, id }
+    }
+
+    /// Whether input `id` gets a gradient from this walk.
+    #[inline]
+    pub fn wants(&self, id: NodeId<'s>) -> bool {
+        self.slots[id].needed
+    }
+
+    /// Adds `g` (of `id`'s shape) to `id`'s gradient.
+    #[track_caller]
+    pub fn add(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
+        let slot = &mut self.slots[id];
+        slot.grad = Some(match slot.grad {
+            None => g.id,
+            Some(prev) => (Var { core: self.core, id: prev } + g).id,
+        });
+    }
+
+    /// Adds `g`, summed over the dimensions along which `id` was broadcast, to `id`'s gradient.
+    #[track_caller]
+    pub fn add_reduced(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
+        let g = sum_to(g, self.shape(id));
+        self.add(id, g);
+    }
+
+    pub fn shape(&self, id: NodeId<'s>) -> Shape {
+        self.core.tape.borrow().shape(id)
+    }
+
+    /// `count` ids stored at `at + k`: the `k`-th of them.
+    pub fn stored_id(&self, at: u32, k: u32) -> NodeId<'s> {
+        self.core.tape.borrow().stored_ids(at + k, 1).next().expect("the op stored its inputs")
+    }
+
+    /// A constant of `shape` (no gradient) whose elements `fill` computes from the tape
+    /// (values, stored indices) into a zeroed slice: the masks, one-hot rows and routing
+    /// tables of piecewise ops, whose second derivative is zero almost everywhere.
+    #[track_caller]
+    pub fn constant(&self, shape: Shape, fill: impl FnOnce(&Tape<'s, T>, &mut [T])) -> Var<'s, T> {
+        self.core.record_as("grad", |r| {
+            let out = r.alloc(shape.numel())?;
+            fill(r.tape, out);
+            Ok((Op::Leaf, shape, &*out))
+        })
+    }
+}
+
+/// `v` summed over the dimensions along which `target` was broadcast to `v`'s shape (NumPy
+/// rules: missing leading dimensions and dimensions of size 1), as recorded ops.
+#[track_caller]
+pub(crate) fn sum_to<'s, T: Float>(v: Var<'s, T>, target: Shape) -> Var<'s, T> {
+    let sv = v.shape();
+    if sv == target {
+        return v;
+    }
+    let lead = sv.rank().saturating_sub(target.rank());
+    let mut axes = [0isize; crate::shape::MAX_RANK];
+    let mut n = 0;
+    for ax in 0..sv.rank() {
+        if ax < lead || (target.dim(ax - lead) == 1 && sv.dim(ax) != 1) {
+            axes[n] = ax as isize;
+            n += 1;
+        }
+    }
+    let summed = if n == 0 { v } else { v.sum_axes(&axes[..n], true) };
+    summed.reshape(&target.to_array()[..target.rank()])
 }

@@ -126,3 +126,45 @@ fn alternating_train_and_eval_steps_allocate_nothing() {
     assert!(counts[2..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
     assert_eq!(graph.stats().arena.releases, 0);
 }
+
+/// A warmed-up Hessian-vector product step (reverse over reverse, through `Scope::grad`
+/// twice): the recorded gradients are arena nodes and the walk's side table is kept by the
+/// graph, so after the first step nothing is allocated on the heap.
+#[test]
+fn warmed_up_hvp_step_allocates_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut store = ParamStore::<f32>::new();
+    let w1 = store.add("w1", Tensor::normal(&[16, 32], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let b1 = store.add("b1", Tensor::zeros(&[32]).unwrap()).unwrap();
+    let w2 = store.add("w2", Tensor::normal(&[32, 4], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let v: Vec<Tensor<f32>> =
+        [[16, 32].as_slice(), &[32], &[32, 4]].iter().map(|d| Tensor::normal(d, 0.0, 1.0, &mut rng).unwrap()).collect();
+    let mut hv: Vec<Vec<f32>> = v.iter().map(|t| vec![0.0; t.numel()]).collect();
+    let x = Tensor::normal(&[8, 16], 0.0, 1.0, &mut rng).unwrap();
+    let labels = [0usize, 1, 2, 3, 0, 1, 2, 3];
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut counts = [0usize; 20];
+    for count in &mut counts {
+        let before = ALLOC.allocations();
+        graph.scope(|s| {
+            let p = [s.param(&store, w1), s.param(&store, b1), s.param(&store, w2)];
+            let h = (s.input(&x).matmul(p[0]) + p[1]).tanh();
+            let logits = h.matmul(p[2]);
+            let loss = logits.cross_entropy(&labels) + h.t().narrow(0, 0, 4).square().mean() * 0.01;
+            let g = s.grad(loss, p).unwrap();
+            let mut dot = s.scalar(0.0);
+            for (gi, vi) in g.iter().zip(&v) {
+                dot = dot + (*gi * s.input(vi)).sum();
+            }
+            let hvs = s.grad(dot, p).unwrap();
+            for (out, h) in hv.iter_mut().zip(hvs) {
+                out.copy_from_slice(h.value().unwrap());
+            }
+        });
+        *count = ALLOC.allocations() - before;
+    }
+    assert!(counts[0] > 0, "the first step sets the arena, tape and side table up");
+    assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+    assert!(hv.iter().flatten().any(|&v| v != 0.0) && hv.iter().flatten().all(|v| v.is_finite()));
+}

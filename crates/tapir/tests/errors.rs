@@ -222,3 +222,29 @@ fn io() {
     assert!(e.location().is_none());
     assert_names(&e, "load", &["[2]", "[3]"], false);
 }
+
+#[test]
+fn adjoint_ops_reject_bad_input() {
+    let a = t(&[2, 3]);
+    // scatter_add: one index per row of the axis, each below the target length.
+    let e = scope_error!(|s| s.leaf(&a).scatter_add(0, &[0, 4], 3));
+    assert!(matches!(e, Error::IndexOutOfRange { index: 4, len: 3, .. }), "{e:?}");
+    assert_names(&e, "scatter_add", &["[3, 3]", "index 4"], true);
+    let e = scope_error!(|s| s.leaf(&a).scatter_add(0, &[0], 3));
+    assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
+    assert_names(&e, "scatter_add", &["[2, 3]"], true);
+    let e = scope_error!(|s| s.leaf(&a).pad_axis(2, 1, 1));
+    assert!(matches!(e, Error::BadAxis { axis: 2, .. }), "{e:?}");
+    assert_names(&e, "pad_axis", &["[2, 3]"], true);
+    let e = scope_error!(|s| s.leaf(&a).pad_axis(0, usize::MAX, 1));
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert_names(&e, "pad_axis", &["[2, 3]"], true);
+    // col2im: columns [N, C·kh·kw, L] whose L matches the image's window count.
+    let cols = t(&[1, 4, 5]);
+    let e = scope_error!(|s| s.leaf(&cols).col2im([3, 3], [2, 2], [1, 1], [0, 0]));
+    assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
+    assert_names(&e, "col2im", &["[1, 4, 5]", "[1, 1, 3, 3]"], true);
+    let e = scope_error!(|s| s.leaf(&a).col2im([3, 3], [2, 2], [1, 1], [0, 0]));
+    assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
+    assert_names(&e, "col2im", &["[2, 3]"], true);
+}

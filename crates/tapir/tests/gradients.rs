@@ -277,6 +277,29 @@ proptest! {
     }
 
     #[test]
+    fn pad_axis(d in dims(1..=3, 0..=4), axis in 0usize..3, before in 0usize..=2, after in 0usize..=2, seed: u64) {
+        let axis = (axis % d.len()) as isize - d.len() as isize;
+        check(&[tensor(&d, seed, Draw::Any)], seed, |_, v| v[0].pad_axis(axis, before, after))?;
+    }
+
+    #[test]
+    fn scatter_add_with_repeats(rows in 1usize..=5, cols in 1usize..=4, len in 1usize..=6, seed: u64) {
+        let targets: Vec<usize> = (0..rows).map(|i| (seed as usize >> (2 * i)) % len).collect();
+        let x = tensor(&[rows, cols], seed, Draw::Any);
+        check(std::slice::from_ref(&x), seed, |_, v| v[0].scatter_add(0, &targets, len))?;
+        let ctargets: Vec<usize> = (0..cols).map(|i| (seed as usize >> (3 * i)) % len).collect();
+        check(&[x], seed, |_, v| v[0].scatter_add(-1, &ctargets, len))?;
+    }
+
+    #[test]
+    fn col2im(n in 1usize..=2, c in 1usize..=2, h in 1usize..=5, w in 1usize..=5, k in 1usize..=3, st in 1usize..=2, pad in 0usize..=1, seed: u64) {
+        prop_assume!(h + 2 * pad >= k && w + 2 * pad >= k);
+        let (oh, ow) = ((h + 2 * pad - k) / st + 1, (w + 2 * pad - k) / st + 1);
+        let cols = tensor(&[n, c * k * k, oh * ow], seed, Draw::Any);
+        check(&[cols], seed, |_, v| v[0].col2im([h, w], [k, k], [st, st], [pad, pad]))?;
+    }
+
+    #[test]
     fn matmul_2d(m in 0usize..=5, k in 0usize..=5, n in 0usize..=5, seed: u64) {
         check(&[tensor(&[m, k], seed, Draw::Any), tensor(&[k, n], seed ^ 1, Draw::Any)], seed, |_, v| v[0].matmul(v[1]))?;
     }

@@ -259,3 +259,30 @@ fn f32_graphs_work_too() {
     });
     assert_eq!(grad, [2.0, -4.0]);
 }
+
+#[test]
+fn adjoint_ops_put_values_back() {
+    let a: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    // pad_axis(1, 1, 2) on [2, 3]: a zero column in front, two behind; every input
+    // element appears once, so the gradient of Σ out is 1.
+    let (v, g) = run(&[(a, &[2, 3])], |_, x| x[0].pad_axis(1, 1, 2));
+    close(&v, &[0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 4.0, 5.0, 6.0, 0.0, 0.0]);
+    close(&g[0], &[1.0; 6]);
+    // scatter_add rows to [2, 0, 2] of 3: rows 0 and 2 of the input add up in row 2.
+    let (v, g) = run(&[(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])], |_, x| x[0].scatter_add(0, &[2, 0, 2], 3));
+    close(&v, &[3.0, 4.0, 0.0, 0.0, 6.0, 8.0]);
+    close(&g[0], &[1.0; 6]);
+    // col2im of [1, 4, 4] onto a 3×3 image, kernel 2, stride 1: the four 2×2 windows
+    // overlap in the centre, which gets all four columns' entries; corners get one.
+    let cols: Vec<f64> = (0..16).map(f64::from).collect();
+    let (v, g) = run(&[(&cols, &[1, 4, 4])], |_, x| x[0].col2im([3, 3], [2, 2], [1, 1], [0, 0]));
+    // cols[(a·2 + b)·4 + window]: window (oi, oj) = (0, 0) reads pixel (a, b).
+    // Pixel (0, 0): only a = b = 0 of window 0 → cols[0] = 0.
+    // Pixel (1, 1): (a, b) = (1, 1) of window 0 → cols[12]; (1, 0) of window 1 → cols[9];
+    // (0, 1) of window 2 → cols[6]; (0, 0) of window 3 → cols[3]: 12 + 9 + 6 + 3 = 30.
+    assert_eq!(v.len(), 9);
+    close(&v[..1], &[0.0]);
+    close(&v[4..5], &[30.0]);
+    close(&v, &[0.0, 1.0 + 4.0, 5.0, 2.0 + 8.0, 30.0, 7.0 + 13.0, 10.0, 11.0 + 14.0, 15.0]);
+    close(&g[0], &[1.0; 16]);
+}

@@ -133,6 +133,9 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         OpKind::Im2Col => img.im2col([2, 2], [1, 1], [0, 0]),
         OpKind::MaxPool2d => img.max_pool2d([2, 2], [2, 2], [0, 0]),
         OpKind::AvgPool2d => img.avg_pool2d([2, 2], [2, 2], [0, 0]),
+        OpKind::Pad => x.pad_axis(1, 1, 2),
+        OpKind::ScatterAdd => x.scatter_add(0, &[1, 0], 3),
+        OpKind::Col2Im => img.reshape(&[1, 4, 4]).col2im([4, 4], [2, 2], [2, 2], [0, 0]),
         OpKind::Custom => s.custom(&Double, &[x]),
         OpKind::Leaf | OpKind::Variable | OpKind::Param => unreachable!("leaves have examples of their own"),
         other => panic!("no example for {other:?}: add one"),
@@ -212,7 +215,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 25);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 28);
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! The checker: runs a program twice, compares every step with the reference model, checks
-//! backward's results and gradients, and compares smooth programs with finite differences.
+//! backward's results and gradients, and compares smooth programs with finite differences
+//! (small ones to second order, through the recorded gradient of `Scope::grad`).
 
 use std::fmt;
 
-use tapir::testing::{gradcheck, GradcheckError, GradcheckOptions};
+use tapir::testing::{gradcheck, gradgradcheck, GradcheckError, GradcheckOptions};
 use tapir::{Error, Float, Graph, Scope, Tensor, Var};
 
 use crate::model::{self, Outcome};
@@ -37,6 +38,9 @@ pub struct Report {
     pub error: Option<Error>,
     /// Whether the gradients were compared with finite differences.
     pub gradchecked: bool,
+    /// Whether the recorded second derivatives were compared with finite differences of
+    /// the gradients.
+    pub gradgradchecked: bool,
 }
 
 /// Decodes `bytes` into a program, runs it twice and checks every property listed in the
@@ -52,8 +56,8 @@ pub fn run_program(bytes: &[u8]) -> Result<Report, Finding> {
     if first.bits != second.bits {
         return Err(program.finding("a rerun with the same thread count gave different bits".into()));
     }
-    let gradchecked = program.check_gradients(&first)?;
-    Ok(Report { steps: program.steps.len(), error: first.error, gradchecked })
+    let (gradchecked, gradgradchecked) = program.check_gradients(&first)?;
+    Ok(Report { steps: program.steps.len(), error: first.error, gradchecked, gradgradchecked })
 }
 
 /// What one execution produced: every value and leaf gradient as raw bits (`f32` values
@@ -126,8 +130,9 @@ impl Program {
     }
 
     /// Compares backward with finite differences when the program is smooth, valid, in
-    /// `f64`, on finite inputs, and small. Returns whether it did.
-    fn check_gradients(&self, trace: &Trace) -> Result<bool, Finding> {
+    /// `f64`, on finite inputs, and small, and the recorded second derivatives too when it
+    /// is smaller still. Returns whether it did each.
+    fn check_gradients(&self, trace: &Trace) -> Result<(bool, bool), Finding> {
         let numel: usize = self.leaves.iter().map(|l| l.data.len()).sum();
         let eligible = self.dtype == Dtype::F64
             && self.arena_limit.is_none()
@@ -137,7 +142,7 @@ impl Program {
             && self.leaves.iter().all(|l| l.data.iter().all(|v| v.is_finite()))
             && self.steps.iter().all(Step::smooth);
         if !eligible {
-            return Ok(false);
+            return Ok((false, false));
         }
         let inputs: Vec<Tensor<f64>> =
             self.leaves.iter().filter_map(|l| Tensor::from_vec(l.data.clone(), &l.dims).ok()).collect();
@@ -147,17 +152,26 @@ impl Program {
         // step's truncation error dominates: a mismatch is retried with smaller steps, and
         // only a gradient no step agrees with is a finding.
         let atol = 1e-5 * trace.scale.max(1.0);
+        if !self.finite_differences(&inputs, atol, false)? {
+            return Ok((false, false));
+        }
+        // Small programs also take second derivatives: the recorded gradient
+        // (`Scope::grad`) differentiated again, against finite differences of backward's.
+        let second = numel <= 24 && self.finite_differences(&inputs, atol, true)?;
+        Ok((true, second))
+    }
+
+    /// [`gradcheck`], or [`gradgradcheck`] if `second`, with steps from 1e-6 down to 1e-9
+    /// (and 1e-5): `Ok(false)` if the function is not finite, a finding if no step agrees.
+    fn finite_differences(&self, inputs: &[Tensor<f64>], atol: f64, second: bool) -> Result<bool, Finding> {
         let mut first_mismatch = None;
         for h in [1e-6, 1e-7, 1e-8, 1e-9, 1e-5] {
             let opts = GradcheckOptions { h, atol, ..GradcheckOptions::default() };
-            let result = gradcheck(&inputs, opts, |s, vars| {
-                let mut values = vars.to_vec();
-                for step in &self.steps {
-                    let v = step_on(s, &values, step);
-                    values.push(v);
-                }
-                values[self.loss]
-            });
+            let result = if second {
+                gradgradcheck(inputs, opts, |s, vars| self.replay(s, vars))
+            } else {
+                gradcheck(inputs, opts, |s, vars| self.replay(s, vars))
+            };
             match result {
                 Ok(_) => return Ok(true),
                 Err(GradcheckError::NonFinite) => return Ok(false),
@@ -167,10 +181,21 @@ impl Program {
                 Err(e) => return Err(self.finding(e.to_string())),
             }
         }
+        let order = if second { "second derivative: " } else { "" };
         match first_mismatch {
-            Some(e) => Err(self.finding(format!("{e} (and with steps 1e-5 to 1e-9)"))),
+            Some(e) => Err(self.finding(format!("{order}{e} (and with steps 1e-5 to 1e-9)"))),
             None => Ok(true),
         }
+    }
+
+    /// The program's loss recorded on `vars`.
+    fn replay<'s>(&self, s: &'s Scope<'s, '_, f64>, vars: &[Var<'s, f64>]) -> Var<'s, f64> {
+        let mut values = vars.to_vec();
+        for step in &self.steps {
+            let v = step_on(s, &values, step);
+            values.push(v);
+        }
+        values[self.loss]
     }
 }
 

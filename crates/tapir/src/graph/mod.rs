@@ -2,6 +2,7 @@
 
 pub(crate) mod backward;
 pub(crate) mod core;
+mod grad;
 pub(crate) mod id;
 mod report;
 mod scope;

@@ -51,6 +51,10 @@ pub(crate) struct Tape<'s, T> {
     pub locs: Vec<Loc>,
     /// Gradients after a backward pass (`None`: none reached the node).
     pub grads: NodeMap<'s, Option<&'s [T]>>,
+    /// The side table of [`Scope::grad`](crate::Scope::grad): per node, whether the walk
+    /// differentiates through it and its gradient handle so far. Kept between calls and
+    /// scopes, so that a warmed-up call allocates nothing.
+    pub slots: NodeMap<'s, Slot<'s>>,
     /// The first error of the scope; every later op returns a poisoned handle.
     pub error: Option<Error>,
     /// Set by a backward pass that did not retain the tape.
@@ -69,6 +73,16 @@ pub(crate) struct Spare<T: 'static> {
     custom_scratch: CustomScratch<'static, T>,
     locs: Vec<Loc>,
     grads: Vec<Option<&'static [T]>>,
+    slots: Vec<Slot<'static>>,
+}
+
+/// One node's entry in the side table of a recorded gradient (see `graph/grad.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Slot<'s> {
+    /// Whether the node requires a gradient and depends on one of the inputs asked for.
+    pub needed: bool,
+    /// The gradient handle accumulated so far (`None`: no contribution yet).
+    pub grad: Option<NodeId<'s>>,
 }
 
 /// Empties `v` and gives it back with another element type of the same layout (here: the
@@ -90,6 +104,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             custom_scratch: std::mem::take(&mut spare.custom_scratch).recycle(),
             locs: std::mem::take(&mut spare.locs),
             grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
+            slots: NodeMap::from_vec(recycle(std::mem::take(&mut spare.slots))),
             error: None,
             consumed: false,
             no_grad: 0,
@@ -104,12 +119,14 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.extra = Vec::new();
         spare.locs = Vec::new();
         spare.grads = Vec::new();
+        spare.slots = Vec::new();
     }
 
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
     pub(crate) fn drain_into(&mut self, spare: &mut Spare<T>) {
         spare.nodes = recycle(std::mem::take(&mut self.nodes));
         spare.grads = recycle(std::mem::take(&mut self.grads).into_vec());
+        spare.slots = recycle(std::mem::take(&mut self.slots).into_vec());
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);

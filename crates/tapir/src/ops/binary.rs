@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
 use crate::kernels::{self, PairMap};
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -275,6 +275,128 @@ pub(crate) fn backward<'s, T: Float>(
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
         f.grad_b((dout, &so), (va, &sa), (vb, &sb), db);
+    }
+    Ok(())
+}
+
+/// Recorded derivative (see [`Scope::grad`](crate::Scope::grad)): the table's formulas as
+/// ops, each summed back to its input's shape. `maximum` and `minimum` route `g` through
+/// constant masks (1, 0, or ½ on ties), so their second derivative is 0 almost everywhere.
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    f: BinaryFn,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
+    let (va, vb, y) = (ctx.var(a), ctx.var(b), ctx.var(out));
+    let (wa, wb) = (ctx.wants(a), ctx.wants(b));
+    let (sa, sb, so) = (ctx.shape(a), ctx.shape(b), ctx.shape(out));
+    // A constant of `out`'s shape computed from `a` and `b` elementwise.
+    let mask = |ctx: &GradCtx<'_, 's, T>, m: fn(T, T) -> T| {
+        ctx.constant(so, |tape, out| kernels::binary((tape.value(a), &sa), (tape.value(b), &sb), (out, &so), m))
+    };
+    match f {
+        BinaryFn::Add => {
+            if wa {
+                ctx.add_reduced(a, g);
+            }
+            if wb {
+                ctx.add_reduced(b, g);
+            }
+        }
+        BinaryFn::Sub => {
+            if wa {
+                ctx.add_reduced(a, g);
+            }
+            if wb {
+                ctx.add_reduced(b, -g);
+            }
+        }
+        BinaryFn::Mul => {
+            if wa {
+                ctx.add_reduced(a, g * vb);
+            }
+            if wb {
+                ctx.add_reduced(b, g * va);
+            }
+        }
+        BinaryFn::Div => {
+            if wa {
+                ctx.add_reduced(a, g / vb);
+            }
+            if wb {
+                ctx.add_reduced(b, -(g * va / vb.square()));
+            }
+        }
+        BinaryFn::Pow => {
+            if wa {
+                // b·a^(b−1), 0 where b = 0.
+                let nonzero = mask(ctx, |_, b| if b == T::ZERO { T::ZERO } else { T::ONE });
+                ctx.add_reduced(a, g * vb * va.pow(vb.add_scalar(-T::ONE)) * nonzero);
+            }
+            if wb {
+                // a^b·ln a where a > 0, else 0; ln reads a where a > 0 and 1 elsewhere, so
+                // that nothing infinite meets the mask's zeros.
+                let pos = mask(ctx, |a, _| if a > T::ZERO { T::ONE } else { T::ZERO });
+                let safe = va * pos - pos.add_scalar(-T::ONE);
+                ctx.add_reduced(b, g * y * safe.log() * pos);
+            }
+        }
+        BinaryFn::Maximum | BinaryFn::Minimum => {
+            let max = f == BinaryFn::Maximum;
+            // The table's `da` and `db` with dout = 1.
+            if wa {
+                let m = if max {
+                    mask(ctx, |a, b| {
+                        if a == b {
+                            T::from_f64(0.5)
+                        } else if a < b {
+                            T::ZERO
+                        } else {
+                            T::ONE
+                        }
+                    })
+                } else {
+                    mask(ctx, |a, b| {
+                        if a == b {
+                            T::from_f64(0.5)
+                        } else if a > b {
+                            T::ZERO
+                        } else {
+                            T::ONE
+                        }
+                    })
+                };
+                ctx.add_reduced(a, g * m);
+            }
+            if wb {
+                let m = if max {
+                    mask(ctx, |a, b| {
+                        if a == b {
+                            T::from_f64(0.5)
+                        } else if a > b {
+                            T::ZERO
+                        } else {
+                            T::ONE
+                        }
+                    })
+                } else {
+                    mask(ctx, |a, b| {
+                        if a == b {
+                            T::from_f64(0.5)
+                        } else if a < b {
+                            T::ZERO
+                        } else {
+                            T::ONE
+                        }
+                    })
+                };
+                ctx.add_reduced(b, g * m);
+            }
+        }
     }
     Ok(())
 }

@@ -20,6 +20,11 @@
 //!   `[N, O, oh, ow]`; gradients come from `im2col` and `matmul`, so one GEMM per
 //!   batch element does the work in both directions.
 //!
+//! - `col2im(cols, [H, W]) → [N, C, H, W]`: the adjoint of `im2col` (overlaps summed,
+//!   padding dropped); backward is `im2col`. Each is the other's recorded derivative, and
+//!   the poolings' recorded derivatives spread `g` over the windows and fold it back with
+//!   `col2im` (max pooling through a constant mask of each window's first maximum).
+//!
 //! The six window numbers do not fit a 16-byte variant, so they live in the tape's `extra`
 //! list as `[kh, kw, sh, sw, ph, pw]` and the variant keeps their offset.
 
@@ -28,7 +33,7 @@ use std::ops::Range;
 
 use crate::graph::{NodeId, Var};
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -207,6 +212,61 @@ impl<'s, T: Float> Var<'s, T> {
         })
     }
 
+    /// Folds columns `[N, C·kh·kw, oh·ow]` back onto an image `[N, C, H, W]` with
+    /// `[H, W] = size`, summing where windows overlap: the adjoint of
+    /// [`im2col`](Var::im2col) with the same kernel, stride and padding (entries that
+    /// fall in the padding are dropped).
+    ///
+    /// Gradient: `dx = im2col(dout)`.
+    ///
+    /// # Errors
+    /// As [`im2col`](Var::im2col) for the image shape, and [`Error::InvalidShape`]
+    /// (recorded) unless the input is `[N, C·kh·kw, oh·ow]` for that image.
+    #[track_caller]
+    pub fn col2im(self, size: [usize; 2], kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Var<'s, T> {
+        self.core.record(OpKind::Col2Im, |r| {
+            let sx = r.shape(self.id);
+            let kk = kernel[0].saturating_mul(kernel[1]);
+            let (op, location) = (r.op, r.location);
+            let bad = |detail: String| Error::InvalidShape { op, shape: sx, detail, location };
+            if sx.rank() != 3 || kk == 0 || sx.dim(1) % kk != 0 {
+                return Err(bad(format!("needs columns [N, C·{}·{}, L] for kernel {kernel:?}", kernel[0], kernel[1])));
+            }
+            let image = r.shape_of(sx, &[sx.dim(0), sx.dim(1) / kk, size[0], size[1]])?;
+            let (win, at) = record_window(r, image, kernel, stride, padding, false)?;
+            if win.oh.saturating_mul(win.ow) != sx.dim(2) {
+                return Err(bad(format!(
+                    "has {} columns but image {image} with kernel {kernel:?}, stride {stride:?}, padding {padding:?} has {}×{} windows",
+                    sx.dim(2),
+                    win.oh,
+                    win.ow
+                )));
+            }
+            col2im_record(r, self.id, image, at)
+        })
+    }
+
+    /// `col2im` onto `image` with the geometry the tape stored at `geom` (the recorded
+    /// derivative of `im2col`, whose arguments were checked).
+    #[track_caller]
+    pub(crate) fn col2im_at(self, image: Shape, geom: u32) -> Var<'s, T> {
+        self.core.record(OpKind::Col2Im, |r| col2im_record(r, self.id, image, geom))
+    }
+
+    /// `im2col` with the geometry the tape stored at `geom` (the recorded derivative of `col2im`).
+    #[track_caller]
+    pub(crate) fn im2col_at(self, geom: u32) -> Var<'s, T> {
+        self.core.record(OpKind::Im2Col, |r| {
+            let sx = r.shape(self.id);
+            let win = Window::from_extra(sx, &r.tape.extra[geom as usize..geom as usize + 6]);
+            let so = r.shape_of(sx, &[win.n, win.c * win.kh * win.kw, win.oh * win.ow])?;
+            let x = r.value(self.id);
+            let out = r.alloc(so.numel())?;
+            win.for_each_col(|o, i| out[o] = x[i]);
+            Ok((Op::Im2Col { x: self.id, geom }, so, &*out))
+        })
+    }
+
     /// Max pooling of `x: [N, C, H, W]` over `kh×kw` windows: `out: [N, C, oh, ow]`,
     /// each element the maximum of its window (padding is ignored, never the maximum).
     ///
@@ -335,6 +395,141 @@ pub(crate) fn backward_avg_pool2d<'s, T: Float>(
     let scale = T::ONE / T::from_usize(win.kh * win.kw);
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         win.for_each_tap(|_, o, i| dx[i] += dout[o] * scale);
+    }
+    Ok(())
+}
+
+fn col2im_record<'s, T: Float>(
+    r: &mut Rec<'_, 's, T>,
+    x: NodeId<'s>,
+    image: Shape,
+    geom: u32,
+) -> Result<(Op<'s, T>, Shape, &'s [T])> {
+    let win = Window::from_extra(image, &r.tape.extra[geom as usize..geom as usize + 6]);
+    let xv = r.value(x);
+    let out = r.alloc(image.numel())?;
+    win.for_each_col(|o, i| out[i] += xv[o]);
+    Ok((Op::Col2Im { x, geom }, image, out))
+}
+
+/// `dx += im2col(dout)`.
+pub(crate) fn backward_col2im<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    let win = Window::from_extra(ctx.shape(out), ctx.extra(geom, 6));
+    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+        win.for_each_col(|o, i| dx[o] += dout[i]);
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `im2col`: `dx = col2im(g)`.
+#[track_caller]
+pub(crate) fn grad_im2col<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let image = ctx.shape(x);
+        ctx.add(x, g.col2im_at(image, geom));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `col2im`: `dx = im2col(g)`.
+#[track_caller]
+pub(crate) fn grad_col2im<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        ctx.add(x, g.im2col_at(geom));
+    }
+    Ok(())
+}
+
+/// A pooling's recorded derivative: `g` spread over each window's `kh·kw` taps
+/// (`[N, C, kh·kw, oh·ow]`), weighted by `weights` (a constant of that shape, or `None`
+/// for a uniform `scale`), folded back by `col2im`.
+#[track_caller]
+fn pool_grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    geom: u32,
+    weights: Option<Var<'s, T>>,
+    win: Window,
+) {
+    let (kk, l) = (win.kh * win.kw, win.oh * win.ow);
+    let spread = g.reshape(&[win.n, win.c, 1, l]).broadcast_to(&[win.n, win.c, kk, l]);
+    let weighted = match weights {
+        Some(w) => spread * w,
+        None => spread.mul_scalar(T::ONE / T::from_usize(kk)),
+    };
+    let image = ctx.shape(x);
+    ctx.add(x, weighted.reshape(&[win.n, win.c * kk, l]).col2im_at(image, geom));
+}
+
+/// Recorded derivative of `max_pool2d`: `g` routed to each window's first maximal
+/// element through a constant mask (second derivative 0 almost everywhere).
+#[track_caller]
+pub(crate) fn grad_max_pool2d<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let sx = ctx.shape(x);
+        let win = { Window::from_extra(sx, &ctx.core.tape.borrow().extra[geom as usize..geom as usize + 6]) };
+        let (kk, l) = (win.kh * win.kw, win.oh * win.ow);
+        let mask_shape = Shape::new(&[win.n, win.c, kk, l]).expect("no larger than im2col's output, which fit");
+        let mask = ctx.constant(mask_shape, |tape, m| {
+            let (xv, yv) = (tape.value(x), tape.value(out));
+            for plane in 0..win.n * win.c {
+                for oi in 0..win.oh {
+                    for oj in 0..win.ow {
+                        let o = oi * win.ow + oj;
+                        let y = yv[plane * l + o];
+                        'window: for a in win.rows(oi) {
+                            for b in win.cols(oj) {
+                                let i = plane * win.h * win.w + (oi * win.sh + a - win.ph) * win.w + oj * win.sw + b
+                                    - win.pw;
+                                if xv[i] == y || (xv[i].is_nan() && y.is_nan()) {
+                                    m[(plane * kk + a * win.kw + b) * l + o] = T::ONE;
+                                    break 'window;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        pool_grad(ctx, g, x, geom, Some(mask), win);
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `avg_pool2d`: `g/(kh·kw)` spread over each window by `col2im`.
+#[track_caller]
+pub(crate) fn grad_avg_pool2d<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let sx = ctx.shape(x);
+        let win = { Window::from_extra(sx, &ctx.core.tape.borrow().extra[geom as usize..geom as usize + 6]) };
+        pool_grad(ctx, g, x, geom, None, win);
     }
     Ok(())
 }

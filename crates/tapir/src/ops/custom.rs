@@ -28,7 +28,7 @@ use crate::error::{Error, Loc, Result};
 use crate::graph::{NodeId, Scope, Var};
 use crate::kernels;
 use crate::ops::Op;
-use crate::record::{alloc_error, BackwardCtx, Rec};
+use crate::record::{alloc_error, BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -172,10 +172,11 @@ use crate::Float;
 ///
 /// # Second derivatives
 ///
-/// The engine has no second derivatives yet. When "Higher-order differentiation" lands,
-/// a custom op takes part through an optional method that expresses its derivative in
-/// recorded ops; without it, differentiating through the op a second time will be a
-/// typed error naming the op.
+/// [`Scope::grad`] records every op's derivative as ops on the tape, so that it can be
+/// differentiated again. A custom op takes part by implementing [`grad`](CustomOp::grad),
+/// which expresses its derivative with [`Var`] methods; without it, `Scope::grad` through
+/// the op is [`Error::SecondOrderUnsupported`] naming the op (the fast
+/// [`backward`](CustomOp::backward) is unaffected).
 pub trait CustomOp<T> {
     /// The op's name in errors, anomaly reports, [`Scope::dump`] and
     /// [`Scope::memory_report`] (not the generic `"custom"` of [`OpKind::Custom`](crate::OpKind::Custom)).
@@ -224,6 +225,28 @@ pub trait CustomOp<T> {
         dout: &[T],
         dinputs: &mut [Option<&mut [T]>],
     ) -> std::result::Result<(), CustomError>;
+
+    /// The derivative as recorded ops, for [`Scope::grad`] (gradients that are
+    /// differentiated again). `inputs` are handles of the op's inputs, `out` of its output
+    /// and `dout` of `∂L/∂out`; set `dinputs[i]` (initially `None`) to `∂L/∂inputᵢ`, of
+    /// input `i`'s shape, computed from them with [`Var`] methods, for every input that
+    /// needs one, and return `true`. A slot left `None` contributes nothing.
+    ///
+    /// The default returns `false`: the op has no recorded derivative, and `Scope::grad`
+    /// through it fails with [`Error::SecondOrderUnsupported`].
+    fn grad<'s>(
+        &self,
+        inputs: &[Var<'s, T>],
+        out: Var<'s, T>,
+        dout: Var<'s, T>,
+        dinputs: &mut [Option<Var<'s, T>>],
+    ) -> bool
+    where
+        T: Float,
+    {
+        let _ = (inputs, out, dout, dinputs);
+        false
+    }
 }
 
 /// The inputs of a custom op, in the order given to [`Scope::custom`]: each one's values
@@ -611,6 +634,38 @@ fn backward_with<'s, T: Float>(
     let args = CustomInputs { values: &scratch.values, shapes: &scratch.shapes };
     let (grads, value) = (&mut scratch.grads[..], ctx.value(out));
     guarded(entry.name, "backward", entry.location, || entry.op.backward(args, value, entry.saved, dout, grads))
+}
+
+/// Recorded derivative: the op's [`CustomOp::grad`], or [`Error::SecondOrderUnsupported`].
+/// The handle lists are built per call (custom ops are outside the zero-allocation path).
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    table: u32,
+    first: u32,
+    count: u32,
+) -> Result<()> {
+    let entry = ctx.core.tape.borrow().custom[table as usize];
+    let inputs: Vec<Var<'s, T>> = (0..count).map(|k| ctx.var(ctx.stored_id(first, k))).collect();
+    let mut dinputs: Vec<Option<Var<'s, T>>> = vec![None; inputs.len()];
+    let y = ctx.var(out);
+    let provided = guarded(entry.name, "grad", entry.location, || Ok(entry.op.grad(&inputs, y, g, &mut dinputs)))?;
+    if !provided {
+        return Err(Error::SecondOrderUnsupported {
+            op: ctx.core.op_name("grad"),
+            custom: entry.name,
+            inputs: inputs.iter().map(|x| x.shape()).collect(),
+            location: Location::caller(),
+        });
+    }
+    for (x, dx) in inputs.iter().zip(dinputs) {
+        if let Some(dx) = dx.filter(|_| ctx.wants(x.id)) {
+            ctx.add(x.id, dx);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

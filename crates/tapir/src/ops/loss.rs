@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{sigmoid, softplus};
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -175,6 +175,69 @@ pub(crate) fn backward_bce<'s, T: Float>(
         for (d, &xi) in dy.iter_mut().zip(xv) {
             *d -= g * xi;
         }
+    }
+    Ok(())
+}
+
+/// The one-hot rows of the `n` labels stored at `labels`, as a constant `[n, c]`.
+#[track_caller]
+fn one_hot<'s, T: Float>(ctx: &GradCtx<'_, 's, T>, shape: Shape, labels: u32) -> Var<'s, T> {
+    let (n, c) = (shape.dim(0), shape.dim(1));
+    ctx.constant(shape, |tape, m| {
+        for (i, &y) in tape.extra[labels as usize..labels as usize + n].iter().enumerate() {
+            m[i * c + y as usize] = T::ONE;
+        }
+    })
+}
+
+/// Recorded derivative of `cross_entropy`: `dx = (softmax(x) − onehot) ⊙ g/N`.
+#[track_caller]
+pub(crate) fn grad_cross_entropy<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    logits: NodeId<'s>,
+    labels: u32,
+) -> Result<()> {
+    if ctx.wants(logits) {
+        let shape = ctx.shape(logits);
+        let hot = one_hot(ctx, shape, labels);
+        let scale = g.mul_scalar(T::ONE / T::from_usize(shape.dim(0)));
+        ctx.add(logits, (ctx.var(logits).softmax(1) - hot) * scale);
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `nll_loss`: `dlogp = −onehot ⊙ g/N` (linear in `g`).
+#[track_caller]
+pub(crate) fn grad_nll<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    logp: NodeId<'s>,
+    labels: u32,
+) -> Result<()> {
+    if ctx.wants(logp) {
+        let shape = ctx.shape(logp);
+        let hot = one_hot(ctx, shape, labels);
+        ctx.add(logp, hot * g.mul_scalar(-T::ONE / T::from_usize(shape.dim(0))));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `bce_with_logits`: `dx = (σ(x) − y) ⊙ g/n`, `dy = −x ⊙ g/n`.
+#[track_caller]
+pub(crate) fn grad_bce<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    y: NodeId<'s>,
+) -> Result<()> {
+    let (xv, yv) = (ctx.var(x), ctx.var(y));
+    let scale = g.mul_scalar(T::ONE / T::from_usize(ctx.shape(x).numel()));
+    if ctx.wants(x) {
+        ctx.add(x, (xv.sigmoid() - yv) * scale);
+    }
+    if ctx.wants(y) {
+        ctx.add(y, -(xv * scale));
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::graph::{NodeId, Var};
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
 use crate::ops::{Op, OpKind};
-use crate::record::BackwardCtx;
+use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -48,4 +48,43 @@ pub(crate) fn backward<'s, T: Float>(
         kmatmul::backward_b(&dims, dout, va, db, par);
     }
     Ok(())
+}
+
+/// Recorded derivative: `da = g · bᵀ`, `db = aᵀ · g`, each summed over broadcast batch
+/// dimensions.
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
+    if ctx.wants(a) {
+        let bt = transposed(ctx, b);
+        ctx.add_reduced(a, g.matmul(bt));
+    }
+    if ctx.wants(b) {
+        let at = transposed(ctx, a);
+        ctx.add_reduced(b, at.matmul(g));
+    }
+    Ok(())
+}
+
+/// `x.t()`, or the node `x` transposed if `x` is itself a transpose (the recorded
+/// derivative's own `bᵀ`, met again when that derivative is differentiated): the same
+/// value without a copy.
+#[track_caller]
+fn transposed<'s, T: Float>(ctx: &GradCtx<'_, 's, T>, x: NodeId<'s>) -> Var<'s, T> {
+    let op = ctx.core.tape.borrow().nodes[x.index()].op;
+    if let Op::Permute { x: inner, axes } = op {
+        let r = ctx.shape(x).rank();
+        let swap = r >= 2
+            && axes[r - 2] as usize == r - 1
+            && axes[r - 1] as usize == r - 2
+            && axes[..r - 2].iter().enumerate().all(|(i, &a)| a as usize == i);
+        if swap {
+            return ctx.var(inner);
+        }
+    }
+    ctx.var(x).t()
 }

@@ -8,11 +8,18 @@
 //! | `binary.rs`    | every broadcasting `out = f(a, b)`: one [`BinaryFn`] table                 |
 //! | `matmul.rs`    | `matmul`                                                                  |
 //! | `shape_ops.rs` | `reshape`, `permute`, `broadcast_to`, `narrow`, `concat`, `index_select`, `where` |
+//! | `scatter.rs`   | `pad_axis`, `scatter_add`: the adjoints of `narrow` and `index_select`    |
 //! | `reduce.rs`    | `sum`, `sum_axes`, `max_axes`, `min_axes`, `logsumexp`                    |
 //! | `softmax.rs`   | `softmax`, `log_softmax`                                                  |
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
-//! | `conv.rs`      | `im2col`, `max_pool2d`, `avg_pool2d`                                      |
+//! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
 //! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
+//!
+//! Each op has two derivatives side by side: `backward`, the fast pass that accumulates
+//! into buffers ([`Scope::backward`](crate::Scope::backward)), and `grad`, which records the
+//! same derivative as ops on the tape so that it can be differentiated again
+//! ([`Scope::grad`](crate::Scope::grad)). `Op::backward` and `Op::grad` dispatch on the
+//! variant with exhaustive matches.
 //!
 //! Variants hold `NodeId`s and small `Copy` scalars. Variable-length payloads (concat
 //! inputs, indices, labels, window geometry) live in the tape's `extra` list of `u32`s and
@@ -27,6 +34,7 @@ pub(crate) mod custom;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
+pub(crate) mod scatter;
 pub(crate) mod shape_ops;
 pub(crate) mod softmax;
 pub(crate) mod unary;
@@ -36,8 +44,8 @@ pub use custom::{CustomError, CustomInputs, CustomOp};
 pub use unary::UnaryFn;
 
 use crate::error::Result;
-use crate::graph::NodeId;
-use crate::record::BackwardCtx;
+use crate::graph::{NodeId, Var};
+use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
 
 macro_rules! op_kinds {
@@ -128,6 +136,12 @@ op_kinds! {
     MaxPool2d => "max_pool2d",
     /// 2-D average pooling.
     AvgPool2d => "avg_pool2d",
+    /// Zero padding along one axis: the adjoint of `narrow` (its recorded derivative).
+    Pad => "pad_axis",
+    /// Scatter-add of slices along an axis into zeros: the adjoint of `index_select`.
+    ScatterAdd => "scatter_add",
+    /// Columns folded back onto an image, overlaps summed: the adjoint of `im2col`.
+    Col2Im => "col2im",
     /// A user-defined op ([`CustomOp`]). `"custom"` is the kind's name only: errors,
     /// anomaly reports, dumps and memory reports name each node by [`CustomOp::name`].
     Custom => "custom",
@@ -244,6 +258,23 @@ pub(crate) enum Op<'s, T> {
         x: NodeId<'s>,
         geom: u32,
     },
+    /// `x` placed at `start` along `axis` in zeros of the output's shape.
+    Pad {
+        x: NodeId<'s>,
+        axis: u8,
+        start: u32,
+    },
+    /// Indices are `extra[idx..idx + x.dim(axis)]`: `out[.., idx[j], ..] += x[.., j, ..]`.
+    ScatterAdd {
+        x: NodeId<'s>,
+        axis: u8,
+        idx: u32,
+    },
+    /// Geometry as for `Im2Col`, over the output's shape.
+    Col2Im {
+        x: NodeId<'s>,
+        geom: u32,
+    },
     /// A user-defined op: row `table` of the tape's side table; inputs are the ids stored
     /// at `first`.
     Custom {
@@ -292,6 +323,9 @@ impl<'s, T> Op<'s, T> {
             Im2Col { .. } => OpKind::Im2Col,
             MaxPool2d { .. } => OpKind::MaxPool2d,
             AvgPool2d { .. } => OpKind::AvgPool2d,
+            Pad { .. } => OpKind::Pad,
+            ScatterAdd { .. } => OpKind::ScatterAdd,
+            Col2Im { .. } => OpKind::Col2Im,
             Custom { .. } => OpKind::Custom,
         }
     }
@@ -329,7 +363,10 @@ impl<'s, T> Op<'s, T> {
             | LogSoftmax { x, .. }
             | Im2Col { x, .. }
             | MaxPool2d { x, .. }
-            | AvgPool2d { x, .. } => one(x),
+            | AvgPool2d { x, .. }
+            | Pad { x, .. }
+            | ScatterAdd { x, .. }
+            | Col2Im { x, .. } => one(x),
             CrossEntropy { logits, .. } => one(logits),
             NllLoss { logp, .. } => one(logp),
         }
@@ -366,7 +403,47 @@ impl<'s, T: Float> Op<'s, T> {
             Im2Col { x, geom } => conv::backward_im2col(ctx, out, x, geom),
             MaxPool2d { x, geom } => conv::backward_max_pool2d(ctx, out, x, geom),
             AvgPool2d { x, geom } => conv::backward_avg_pool2d(ctx, out, x, geom),
+            Pad { x, axis, start } => scatter::backward_pad(ctx, out, x, axis, start),
+            ScatterAdd { x, axis, idx } => scatter::backward_scatter_add(ctx, out, x, axis, idx),
+            Col2Im { x, geom } => conv::backward_col2im(ctx, out, x, geom),
             Custom { table, first, count } => custom::backward(ctx, out, table, first, count),
+        }
+    }
+
+    /// Records this node's derivative: adds `g`-weighted contributions (handles on the same
+    /// tape) to its inputs' gradients in `ctx`, for [`Scope::grad`](crate::Scope::grad).
+    /// `out` is the node's id and `g` its gradient. One function per op, beside its fast
+    /// backward; no `_ =>` arm, so a new variant does not compile until it has one.
+    #[track_caller]
+    pub(crate) fn grad(self, ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>) -> Result<()> {
+        use Op::*;
+        match self {
+            Leaf | Variable | Param(_) => Ok(()),
+            Unary { f, x, c } => unary::grad(ctx, out, g, f, x, c),
+            Binary { f, a, b } => binary::grad(ctx, out, g, f, a, b),
+            MatMul { a, b } => matmul::grad(ctx, g, a, b),
+            Reshape { x } => shape_ops::grad_reshape(ctx, g, x),
+            Permute { x, axes } => shape_ops::grad_permute(ctx, g, x, axes),
+            BroadcastTo { x } => shape_ops::grad_broadcast(ctx, g, x),
+            Narrow { x, axis, start } => shape_ops::grad_narrow(ctx, g, x, axis, start),
+            Concat { first, count, axis } => shape_ops::grad_concat(ctx, g, first, count, axis),
+            IndexSelect { x, axis, idx } => shape_ops::grad_index_select(ctx, g, x, axis, idx),
+            Where { cond, a, b } => shape_ops::grad_where(ctx, g, cond, a, b),
+            Sum { x } | SumAxis { x, .. } => reduce::grad_sum(ctx, g, x),
+            MaxAxis { x, axis } | MinAxis { x, axis } => reduce::grad_select_axis(ctx, out, g, x, axis),
+            LogSumExp { x, .. } => reduce::grad_logsumexp(ctx, out, g, x),
+            Softmax { x, axis } => softmax::grad(ctx, out, g, x, axis, false),
+            LogSoftmax { x, axis } => softmax::grad(ctx, out, g, x, axis, true),
+            CrossEntropy { logits, labels } => loss::grad_cross_entropy(ctx, g, logits, labels),
+            NllLoss { logp, labels } => loss::grad_nll(ctx, g, logp, labels),
+            BceWithLogits { x, y } => loss::grad_bce(ctx, g, x, y),
+            Im2Col { x, geom } => conv::grad_im2col(ctx, g, x, geom),
+            MaxPool2d { x, geom } => conv::grad_max_pool2d(ctx, out, g, x, geom),
+            AvgPool2d { x, geom } => conv::grad_avg_pool2d(ctx, g, x, geom),
+            Pad { x, axis, start } => scatter::grad_pad(ctx, g, x, axis, start),
+            ScatterAdd { x, axis, idx } => scatter::grad_scatter_add(ctx, g, x, axis, idx),
+            Col2Im { x, geom } => conv::grad_col2im(ctx, g, x, geom),
+            Custom { table, first, count } => custom::grad(ctx, out, g, table, first, count),
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
-use crate::record::BackwardCtx;
+use crate::record::{BackwardCtx, GradCtx};
 use crate::shape::{resolve_axis, Shape, MAX_RANK};
 use crate::Float;
 
@@ -276,6 +276,66 @@ pub(crate) fn backward_logsumexp<'s, T: Float>(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `sum` and `sum_axes` (whose axis is kept as size 1): `g`
+/// broadcast back to `x`'s shape.
+#[track_caller]
+pub(crate) fn grad_sum<'s, T: Float>(ctx: &mut GradCtx<'_, 's, T>, g: Var<'s, T>, x: NodeId<'s>) -> Result<()> {
+    if ctx.wants(x) {
+        let sx = ctx.shape(x);
+        ctx.add(x, g.broadcast_to(&sx.to_array()[..sx.rank()]));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `max_axes`/`min_axes`: `g` broadcast back, times a constant
+/// one-hot mask of the first selected element (second derivative 0 almost everywhere).
+#[track_caller]
+pub(crate) fn grad_select_axis<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let sx = ctx.shape(x);
+        let dims = sx.split_at_axis(axis as usize);
+        let mask = ctx.constant(sx, |tape, m| {
+            let (xv, yv) = (tape.value(x), tape.value(out));
+            let (outer, len, inner) = dims;
+            for o in 0..outer {
+                for i in 0..inner {
+                    let target = yv[o * inner + i];
+                    // The element the fast backward picks (`kernels::select_axis_grad`).
+                    if let Some(l) = (0..len).find(|&l| {
+                        let v = xv[(o * len + l) * inner + i];
+                        v == target || (target.is_nan() && v.is_nan())
+                    }) {
+                        m[(o * len + l) * inner + i] = T::ONE;
+                    }
+                }
+            }
+        });
+        ctx.add(x, g * mask);
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `logsumexp`: `g ⊙ exp(x − out)` (the softmax), broadcast along the axis.
+#[track_caller]
+pub(crate) fn grad_logsumexp<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let (xv, y) = (ctx.var(x), ctx.var(out));
+        ctx.add(x, g * (xv - y).exp());
     }
     Ok(())
 }

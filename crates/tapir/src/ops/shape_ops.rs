@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::graph::{NodeId, Scope, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::{resolve_axis, MAX_RANK};
 use crate::Float;
 
@@ -495,6 +495,123 @@ pub(crate) fn backward_where<'s, T: Float>(
                     dx[ix] += dout[o];
                 }
             });
+        }
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `reshape`: `g` reshaped back.
+#[track_caller]
+pub(crate) fn grad_reshape<'s, T: Float>(ctx: &mut GradCtx<'_, 's, T>, g: Var<'s, T>, x: NodeId<'s>) -> Result<()> {
+    if ctx.wants(x) {
+        let sx = ctx.shape(x);
+        ctx.add(x, g.reshape(&sx.to_array()[..sx.rank()]));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `permute`: `g` under the inverse permutation.
+#[track_caller]
+pub(crate) fn grad_permute<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    axes: [u8; 6],
+) -> Result<()> {
+    if ctx.wants(x) {
+        let rank = ctx.shape(x).rank();
+        let mut inverse = [0usize; MAX_RANK];
+        for (i, &a) in axes[..rank].iter().enumerate() {
+            inverse[a as usize] = i;
+        }
+        ctx.add(x, g.permute(&inverse[..rank]));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `broadcast_to`: `g` summed over the broadcast dimensions.
+#[track_caller]
+pub(crate) fn grad_broadcast<'s, T: Float>(ctx: &mut GradCtx<'_, 's, T>, g: Var<'s, T>, x: NodeId<'s>) -> Result<()> {
+    if ctx.wants(x) {
+        ctx.add_reduced(x, g);
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `narrow`: `g` padded with zeros back to `x`'s length ([`Op::Pad`]).
+#[track_caller]
+pub(crate) fn grad_narrow<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    axis: u8,
+    start: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let len = ctx.shape(x).dim(axis as usize);
+        ctx.add(x, g.pad_at(axis as usize, start as usize, len));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `concat`: each input's block of `g`, by `narrow`.
+#[track_caller]
+pub(crate) fn grad_concat<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    first: u32,
+    count: u32,
+    axis: u8,
+) -> Result<()> {
+    let mut offset = 0;
+    for k in 0..count {
+        let x = ctx.stored_id(first, k);
+        let len = ctx.shape(x).dim(axis as usize);
+        if ctx.wants(x) {
+            ctx.add(x, g.narrow(axis as isize, offset, len));
+        }
+        offset += len;
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `index_select`: `g` scattered back and added up ([`Op::ScatterAdd`]),
+/// reading the indices the op stored.
+#[track_caller]
+pub(crate) fn grad_index_select<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    axis: u8,
+    idx: u32,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let len = ctx.shape(x).dim(axis as usize);
+        ctx.add(x, g.scatter_add_at(axis as usize, idx, len));
+    }
+    Ok(())
+}
+
+/// Recorded derivative of `where_`: `g` times the condition (for `a`) or its complement (for
+/// `b`) as constants, summed to each input's shape.
+#[track_caller]
+pub(crate) fn grad_where<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    g: Var<'s, T>,
+    cond: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<()> {
+    let sc = ctx.shape(cond);
+    for (input, take_if) in [(a, true), (b, false)] {
+        if ctx.wants(input) {
+            let m = ctx.constant(sc, |tape, out| {
+                for (o, &c) in out.iter_mut().zip(tape.value(cond)) {
+                    *o = if (c != T::ZERO) == take_if { T::ONE } else { T::ZERO };
+                }
+            });
+            // `g` has the broadcast shape; the mask broadcasts to it.
+            ctx.add_reduced(input, g * m);
         }
     }
     Ok(())

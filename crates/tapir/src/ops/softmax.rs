@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::graph::{NodeId, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
-use crate::record::BackwardCtx;
+use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -55,6 +55,26 @@ pub(crate) fn backward<'s, T: Float>(
     let y = ctx.value(out);
     if let Some((dy, dx)) = ctx.grad_pair(out, x)? {
         kernels::softmax_axis_grad(dy, y, dims, dx, log);
+    }
+    Ok(())
+}
+
+/// Recorded derivative: softmax `dx = y ⊙ (g − Σ g ⊙ y)`, log-softmax `dx = g − exp(y) Σ g`,
+/// sums along the axis (kept as size 1 and broadcast back).
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    x: NodeId<'s>,
+    axis: u8,
+    log: bool,
+) -> Result<()> {
+    if ctx.wants(x) {
+        let y = ctx.var(out);
+        let ax = [axis as isize];
+        let dx = if log { g - y.exp() * g.sum_axes(&ax, true) } else { y * (g - (g * y).sum_axes(&ax, true)) };
+        ctx.add(x, dx);
     }
     Ok(())
 }

@@ -31,6 +31,11 @@
 //! | `silu`        | `x·σ(x)`                              | `σ(x)(1 + x(1 − σ(x)))`          |                                         |
 //! | `clamp`       | `min(max(x, lo), hi)`                 | `1` inside `[lo, hi]`, else `0`  | NaN: value NaN, gradient `0` (PyTorch)  |
 //!
+//! The recorded derivative (`grad`, for [`Scope::grad`](crate::Scope::grad)) writes the same
+//! `f'` with ops on `x` and `y`, so that it can be differentiated again; the piecewise
+//! functions (`abs`, `relu`, `leaky_relu`, `clamp`) multiply by their derivative as a
+//! constant mask, so their second derivative is 0 (almost everywhere, as in PyTorch).
+//!
 //! Kinks (`abs`, `relu`, `clamp` at their edges) use the subgradient shown. Every function
 //! maps NaN to NaN. The `match` on the function runs once per op, outside the element
 //! loop, so each function keeps its own (vectorisable) inner loop.
@@ -43,7 +48,7 @@ use crate::kernels::scalar::{
 };
 use crate::kernels::{self, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::Float;
 
 /// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
@@ -459,5 +464,100 @@ pub(crate) fn backward<'s, T: Float>(
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         f.derivative(c, Grad { tape, x, y: out, dout, dx });
     }
+    Ok(())
+}
+
+/// Writes `f'(x, y)` elementwise into a constant: the derivative of a piecewise function
+/// (`abs`, `relu`, `leaky_relu`, `clamp`), whose own derivative is 0 almost everywhere.
+struct Mask<'a, T> {
+    x: &'a [T],
+    y: &'a [T],
+    out: &'a mut [T],
+}
+
+impl<T: Float> GradMap<T> for Mask<'_, T> {
+    type Out = ();
+    fn map(self, d: impl Fn(T, T) -> T) {
+        for ((o, &x), &y) in self.out.iter_mut().zip(self.x).zip(self.y) {
+            *o = d(x, y);
+        }
+    }
+    fn scale(self, c: T) {
+        self.out.fill(c);
+    }
+    fn map_long(self, d: impl Fn(T, T) -> T) {
+        self.map(d);
+    }
+}
+
+/// Recorded derivative: `dx = g ⊙ f'(x)`, with `f'` written in ops on `x` and `y` so that it
+/// can be differentiated again; piecewise functions use their mask as a constant.
+#[track_caller]
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    f: UnaryFn,
+    x: NodeId<'s>,
+    c: [T; 2],
+) -> Result<()> {
+    use UnaryFn::*;
+    if !ctx.wants(x) {
+        return Ok(());
+    }
+    let (xv, y) = (ctx.var(x), ctx.var(out));
+    let k = T::from_f64;
+    let one = T::ONE;
+    let dx = match f {
+        Neg => -g,
+        AddScalar => g,
+        MulScalar => g.mul_scalar(c[0]),
+        // `x^0 = 1` has derivative 0: no contribution.
+        Powf if c[0] == T::ZERO => return Ok(()),
+        Powf => g * xv.powf(c[0] - one).mul_scalar(c[0]),
+        Exp => g * y,
+        Log => g / xv,
+        Log1p => g / xv.add_scalar(one),
+        Expm1 => g * y.add_scalar(one),
+        Sqrt => g.mul_scalar(k(0.5)) / y,
+        Rsqrt => g * y.powf(k(3.0)).mul_scalar(k(-0.5)),
+        Square => g * xv.mul_scalar(k(2.0)),
+        Recip => -(g * y.square()),
+        Sin => g * xv.cos(),
+        Cos => -(g * xv.sin()),
+        Tanh => g * (-y.square()).add_scalar(one),
+        Atan => g / xv.square().add_scalar(one),
+        Erf => g * (-xv.square()).exp().mul_scalar(k(std::f64::consts::FRAC_2_SQRT_PI)),
+        Sigmoid => g * (y - y.square()),
+        Gelu => {
+            // Φ(x) + x·φ(x)
+            let cdf = xv.mul_scalar(k(std::f64::consts::FRAC_1_SQRT_2)).erf().mul_scalar(k(0.5)).add_scalar(k(0.5));
+            let pdf = xv.square().mul_scalar(k(-0.5)).exp().mul_scalar(k(0.398_942_280_401_432_7)); // 1/√(2π)
+            g * (cdf + xv * pdf)
+        }
+        GeluTanh => {
+            // (1 + t)/2 + x(1 − t²)u'/2, t = tanh u, u = k(x + c x³), u' = k(1 + 3c x²)
+            let (kk, cc) = (k((2.0 / std::f64::consts::PI).sqrt()), k(0.044715));
+            let x2 = xv.square();
+            let t = (xv + x2 * xv.mul_scalar(cc)).mul_scalar(kk).tanh();
+            let du = x2.mul_scalar(k(3.0) * cc * kk).add_scalar(kk);
+            let d = t.add_scalar(one).mul_scalar(k(0.5)) + xv * (-t.square()).add_scalar(one) * du.mul_scalar(k(0.5));
+            g * d
+        }
+        Softplus => g * xv.sigmoid(),
+        Silu => {
+            // σ(1 + x(1 − σ))
+            let s = xv.sigmoid();
+            g * (s + xv * (s - s.square()))
+        }
+        Abs | Relu | LeakyRelu | Clamp => {
+            let shape = ctx.shape(x);
+            let mask = ctx.constant(shape, |tape, out| {
+                f.derivative(c, Mask { x: tape.value(x), y: tape.value(y.id), out });
+            });
+            g * mask
+        }
+    };
+    ctx.add(x, dx);
     Ok(())
 }

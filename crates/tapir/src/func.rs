@@ -1,0 +1,267 @@
+//! Function transforms in the manner of `torch.func` and JAX: [`grad`], [`value_and_grad`],
+//! [`hvp`], [`jvp`], [`jacobian`] and [`hessian`] of a function of one tensor.
+//!
+//! Each is a thin layer over [`Scope::grad`] and [`Scope::vjp`]: it opens one
+//! [`Graph::scope`] on the caller's graph (so a warmed-up call reuses the arena and the
+//! tape), records `f` on a gradient-requesting leaf holding `x`, takes the derivatives it
+//! needs as recorded handles, and copies the result out into an owned [`Tensor`]. The
+//! function is a closure over the scope and the input handle,
+//! `for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>`: it works for every
+//! scope's brand `'s`, so nothing it records can escape, and it may read tensors that
+//! outlive the call (`'g`, the borrow of the graph) with [`Scope::input`]. A function of several tensors
+//! flattens and concatenates them, or records them as leaves itself and uses
+//! `Scope::grad` directly.
+//!
+//! Costs, with `C` the cost of one evaluation of `f` (a gradient costs about `2–3 C`):
+//!
+//! | transform | method | cost |
+//! |---|---|---|
+//! | `grad`, `value_and_grad` | one recorded reverse sweep | about a gradient |
+//! | `hvp` | reverse over reverse: `∇ₓ⟨∇f(x), v⟩` | about 2 gradients |
+//! | `jvp` | double vjp: `J v = ∂/∂u ⟨uᵀJ, v⟩` with a dummy `u`, no tangent propagation | about 2 gradients |
+//! | `jacobian` | one vjp per output element | `m` gradients (small outputs) |
+//! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Scope, Var};
+use crate::shape::{Shape, MAX_RANK};
+use crate::tensor::Tensor;
+use crate::Float;
+
+/// The gradient `∇f(x)` of a one-element `f`.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+/// let g = tapir::func::grad(&mut graph, &x, |_, x| (x * x).sum())?; // ∇ Σx² = 2x
+/// assert_eq!(g.data(), &[2.0, 4.0]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// What `f` records wrongly, and [`Error::NotScalar`] unless `f` has one element.
+#[track_caller]
+pub fn grad<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    Ok(value_and_grad(graph, x, f)?.1)
+}
+
+/// `f(x)` (one element) and its gradient, from one recording.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f32>::new();
+/// let x = tapir::Tensor::from_vec(vec![3.0f32], &[1])?;
+/// let (y, g) = tapir::func::value_and_grad(&mut graph, &x, |_, x| x.powf(3.0).sum())?;
+/// assert_eq!((y, g.data()[0]), (27.0, 27.0)); // x³ and 3x²
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As for [`grad`].
+#[track_caller]
+pub fn value_and_grad<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<(T, Tensor<T>)>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    graph.scope(|s| {
+        let xv = s.leaf(x);
+        let y = f(s, xv);
+        let value = y.value()?;
+        if value.len() != 1 {
+            return Err(Error::NotScalar { op: "value_and_grad", shape: y.shape(), location });
+        }
+        let [g] = s.grad(y, [xv])?;
+        Ok((value[0], owned(g)?))
+    })
+}
+
+/// The Hessian-vector product `∇²f(x) · v` of a one-element `f`, by reverse over
+/// reverse: the gradient is recorded, then `∇ₓ⟨∇f(x), v⟩` is a second reverse sweep over
+/// the forward and the recorded gradient, about two gradients' work. No Hessian is formed.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+/// let v = tapir::Tensor::from_vec(vec![1.0, 0.0], &[2])?;
+/// // f = x₀²x₁: H = [[2x₁, 2x₀], [2x₀, 0]] = [[4, 2], [2, 0]], so H v = [4, 2].
+/// let hv = tapir::func::hvp(&mut graph, &x, &v, |_, x| {
+///     (x.narrow(0, 0, 1).square() * x.narrow(0, 1, 1)).sum()
+/// })?;
+/// assert_eq!(hv.data(), &[4.0, 2.0]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As for [`grad`]; [`Error::ShapeMismatch`] unless `v` has `x`'s shape.
+#[track_caller]
+pub fn hvp<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, v: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    same_shape("hvp", x.shape(), v.shape(), location)?;
+    graph.scope(|s| {
+        let xv = s.leaf(x);
+        let y = f(s, xv);
+        let [g] = s.grad(y, [xv])?;
+        let [hv] = s.grad((g * s.input(v)).sum(), [xv])?;
+        owned(hv)
+    })
+}
+
+/// `f(x)` and the Jacobian-vector product `J v = ∂f(x)/∂x · v` (forward mode), for `f` of
+/// any shape.
+///
+/// Method: the double-vjp trick, not tangent propagation. With a dummy cotangent `u` of
+/// `f`'s shape, `g(u) = uᵀJ` is recorded by [`Scope::vjp`]; it is linear in `u`, so
+/// `∂⟨g(u), v⟩/∂u = J v`, a second reverse sweep. The cost is about two gradients of `f`
+/// (plus one evaluation), independent of the input and output sizes; true forward mode
+/// would cost about one evaluation more than `f`, but needs a tangent rule per op.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0, 3.0], &[3])?;
+/// let v = tapir::Tensor::from_vec(vec![1.0, 1.0, 0.0], &[3])?;
+/// let (y, jv) = tapir::func::jvp(&mut graph, &x, &v, |_, x| x.square())?; // J = diag(2x)
+/// assert_eq!((y.data(), jv.data()), (&[1.0, 4.0, 9.0][..], &[2.0, 4.0, 0.0][..]));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// What `f` records wrongly; [`Error::ShapeMismatch`] unless `v` has `x`'s shape.
+#[track_caller]
+pub fn jvp<'g, T: Float, F>(
+    graph: &'g mut Graph<T>,
+    x: &'g Tensor<T>,
+    v: &'g Tensor<T>,
+    f: F,
+) -> Result<(Tensor<T>, Tensor<T>)>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    same_shape("jvp", x.shape(), v.shape(), location)?;
+    graph.scope(|s| {
+        let xv = s.leaf(x);
+        let y = f(s, xv);
+        // The dummy cotangent: any value works (the product is linear in it); it must
+        // request a gradient.
+        let sy = y.shape();
+        let u = s.zeros(&sy.to_array()[..sy.rank()]).with_grad();
+        let [ut_j] = s.vjp(y, u, [xv])?;
+        let [jv] = s.grad((ut_j * s.input(v)).sum(), [u])?;
+        Ok((owned(y)?, owned(jv)?))
+    })
+}
+
+/// The Jacobian of `f` at `x`, of shape `f`'s shape followed by `x`'s: one vector-Jacobian
+/// product per output element, so meant for small outputs.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+/// let a = tapir::Tensor::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+/// let j = tapir::func::jacobian(&mut graph, &x, |s, x| s.input(&a).matmul(x.reshape(&[2, 1])).reshape(&[3]))?;
+/// assert_eq!(j.shape().dims(), &[3, 2]);
+/// assert_eq!(j.data(), a.data()); // the Jacobian of A·x is A
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// What `f` records wrongly; [`Error::InvalidShape`] if the two ranks add up to more
+/// than [`MAX_RANK`].
+#[track_caller]
+pub fn jacobian<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    graph.scope(|s| {
+        let xv = s.leaf(x);
+        let y = f(s, xv);
+        y.value()?;
+        let (sy, sx) = (y.shape(), x.shape());
+        let shape = joined("jacobian", sy, sx, location)?;
+        let mut data = Vec::with_capacity(shape.numel());
+        let mut e = vec![T::ZERO; sy.numel()];
+        for i in 0..sy.numel() {
+            e[i] = T::ONE;
+            let seed = s.tensor(&e, &sy.to_array()[..sy.rank()]);
+            e[i] = T::ZERO;
+            let [row] = s.vjp(y, seed, [xv])?;
+            data.extend_from_slice(row.value()?);
+        }
+        Ok(Tensor::from_parts(data, shape))
+    })
+}
+
+/// The Hessian of a one-element `f` at `x`, of shape `x`'s twice: the gradient is recorded
+/// once, then each of its `n` elements is differentiated, so meant for small inputs.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+/// // f = x₀²x₁ + x₁³: H = [[2x₁, 2x₀], [2x₀, 6x₁]]
+/// let h = tapir::func::hessian(&mut graph, &x, |_, x| {
+///     let (a, b) = (x.narrow(0, 0, 1), x.narrow(0, 1, 1));
+///     (a.square() * b + b.powf(3.0)).sum()
+/// })?;
+/// assert_eq!(h.data(), &[4.0, 2.0, 2.0, 12.0]);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As for [`grad`] and [`jacobian`].
+#[track_caller]
+pub fn hessian<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    graph.scope(|s| {
+        let xv = s.leaf(x);
+        let y = f(s, xv);
+        let sx = x.shape();
+        let shape = joined("hessian", sx, sx, location)?;
+        let [g] = s.grad(y, [xv])?;
+        let n = sx.numel();
+        let flat = g.reshape(&[n]);
+        let mut data = Vec::with_capacity(shape.numel());
+        for i in 0..n {
+            let [row] = s.grad(flat.narrow(0, i, 1).sum(), [xv])?;
+            data.extend_from_slice(row.value()?);
+        }
+        Ok(Tensor::from_parts(data, shape))
+    })
+}
+
+/// A handle's value as an owned tensor.
+fn owned<T: Float>(v: Var<'_, T>) -> Result<Tensor<T>> {
+    v.to_tensor()
+}
+
+fn same_shape(op: &'static str, x: Shape, v: Shape, location: crate::Loc) -> Result<()> {
+    if x == v {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch { op, lhs: x, rhs: v, location })
+    }
+}
+
+/// `a`'s dimensions followed by `b`'s.
+fn joined(op: &'static str, a: Shape, b: Shape, location: crate::Loc) -> Result<Shape> {
+    let mut d = [0usize; 2 * MAX_RANK];
+    let (ra, rb) = (a.rank(), b.rank());
+    d[..ra].copy_from_slice(&a.to_array()[..ra]);
+    d[ra..ra + rb].copy_from_slice(&b.to_array()[..rb]);
+    crate::error::shape_at(op, a, &d[..ra + rb], location)
+}

@@ -18,6 +18,11 @@ bench-mpi *RANKS:
     .ci/install-mpi
     crates/tapir-dist/bench-w9.sh {{RANKS}}
 
+# Kernel accuracy: every f32 bit pattern in each function's useful range against f64, and the
+# f64 kernels against mpmath; prints the max ulp per function (release, minutes on 2 cores).
+accuracy:
+    TAPIR_ULP_STRIDE=1 cargo test --release -p tapir --lib kernels::accuracy -- --nocapture --test-threads 1
+
 # Format, clippy and docs, with warnings as errors.
 lint:
     cargo fmt --all --check

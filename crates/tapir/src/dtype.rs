@@ -71,6 +71,18 @@ pub trait Float:
     fn tanh(self) -> Self;
     /// The error function.
     fn erf(self) -> Self;
+    /// `2/√π · e^(−x²)`, the derivative of [`erf`](Float::erf).
+    #[doc(hidden)]
+    fn erf_grad(self) -> Self;
+    /// `x·Φ(x)`, `Φ` the standard normal CDF, accurate in both tails.
+    #[doc(hidden)]
+    fn gelu(self) -> Self;
+    /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`](Float::gelu).
+    #[doc(hidden)]
+    fn gelu_grad(self) -> Self;
+    /// `|self|` with the sign of `sign`.
+    #[doc(hidden)]
+    fn copysign(self, sign: Self) -> Self;
     /// `self^p`.
     fn powf(self, p: Self) -> Self;
     /// The larger of two values (NaN-propagating is not promised).
@@ -100,7 +112,7 @@ pub trait Float:
 }
 
 macro_rules! impl_float {
-    ($t:ty, $name:literal, $erf:path) => {
+    ($t:ty, $name:literal, $m:ident) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -113,21 +125,21 @@ macro_rules! impl_float {
             fn to_f64(self) -> f64 {
                 self as f64
             }
-            #[inline]
+            #[inline(always)]
             fn exp(self) -> Self {
-                <$t>::exp(self)
+                crate::kernels::vmath::$m::exp(self)
             }
-            #[inline]
+            #[inline(always)]
             fn ln(self) -> Self {
-                <$t>::ln(self)
+                crate::kernels::vmath::$m::ln(self)
             }
-            #[inline]
+            #[inline(always)]
             fn ln_1p(self) -> Self {
-                <$t>::ln_1p(self)
+                crate::kernels::vmath::$m::ln_1p(self)
             }
-            #[inline]
+            #[inline(always)]
             fn exp_m1(self) -> Self {
-                <$t>::exp_m1(self)
+                crate::kernels::vmath::$m::exp_m1(self)
             }
             #[inline]
             fn atan(self) -> Self {
@@ -149,13 +161,29 @@ macro_rules! impl_float {
             fn cos(self) -> Self {
                 <$t>::cos(self)
             }
-            #[inline]
+            #[inline(always)]
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                crate::kernels::vmath::$m::tanh(self)
             }
-            #[inline]
+            #[inline(always)]
             fn erf(self) -> Self {
-                $erf(self)
+                crate::kernels::vmath::$m::erf(self)
+            }
+            #[inline(always)]
+            fn erf_grad(self) -> Self {
+                crate::kernels::vmath::$m::erf_grad(self)
+            }
+            #[inline(always)]
+            fn gelu(self) -> Self {
+                crate::kernels::vmath::$m::gelu(self)
+            }
+            #[inline(always)]
+            fn gelu_grad(self) -> Self {
+                crate::kernels::vmath::$m::gelu_grad(self)
+            }
+            #[inline(always)]
+            fn copysign(self, sign: Self) -> Self {
+                <$t>::copysign(self, sign)
             }
             #[inline]
             fn powf(self, p: Self) -> Self {
@@ -197,5 +225,5 @@ macro_rules! impl_float {
     };
 }
 
-impl_float!(f32, "f32", libm::erff);
-impl_float!(f64, "f64", libm::erf);
+impl_float!(f32, "f32", m32);
+impl_float!(f64, "f64", m64);

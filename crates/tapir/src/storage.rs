@@ -233,6 +233,20 @@ fn slack(used: usize) -> usize {
 /// scalar, say); without that it reloads the scalar for every element and cannot vectorise.
 #[inline(never)]
 fn fill_from<T: Pod>(out: &mut [T], iter: impl Iterator<Item = T>) {
+    // Under runtime dispatch, so that the iterator's work (an elementwise function, say)
+    // vectorises for AVX2/AVX-512 where the CPU has them.
+    crate::kernels::simd::run(
+        out.len(),
+        #[inline(always)]
+        || fill_loop(out, iter),
+    );
+}
+
+/// The loop of [`fill_from`]. `out` must be a function argument: its `noalias` tells LLVM
+/// that stores to it cannot change what the iterator reads (a captured scalar, say), which
+/// a closure's captured reference does not.
+#[inline(always)]
+fn fill_loop<T: Pod>(out: &mut [T], iter: impl Iterator<Item = T>) {
     for (o, v) in out.iter_mut().zip(iter) {
         *o = v;
     }

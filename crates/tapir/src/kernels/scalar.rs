@@ -5,30 +5,43 @@ use crate::Float;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;
-/// `1/√(2π)`.
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-/// `2/√π`.
-const TWO_OVER_SQRT_PI: f64 = std::f64::consts::FRAC_2_SQRT_PI;
 
-/// `1/(1+e⁻ˣ)` without overflow for large `|x|`; NaN stays NaN.
-#[inline]
-pub(crate) fn sigmoid<T: Float>(x: T) -> T {
+/// `e^(−|x|)` and `1/(1 + e^(−|x|))`: the two pieces of the logistic function from which
+/// `σ(x)`, `1 − σ(x)` and `σ'(x)` all follow without cancellation.
+#[inline(always)]
+fn logistic_parts<T: Float>(x: T) -> (T, T) {
+    let e = (-x.abs()).exp();
+    (e, T::ONE / (T::ONE + e))
+}
+
+/// `(σ(x), 1 − σ(x))`, both accurate: for `x ≥ 0`, `σ = r` and `1 − σ = e·r`; for
+/// `x < 0` the other way round. NaN stays NaN.
+#[inline(always)]
+fn sigmoid_pair<T: Float>(x: T) -> (T, T) {
+    let (e, r) = logistic_parts(x);
+    let er = e * r;
     if x >= T::ZERO {
-        T::ONE / (T::ONE + (-x).exp())
+        (r, er)
     } else {
-        let e = x.exp();
-        e / (T::ONE + e)
+        (er, r)
     }
 }
 
+/// `1/(1+e⁻ˣ)` without overflow for large `|x|`; NaN stays NaN. Branch-free, so a loop of
+/// it vectorises.
+#[inline(always)]
+pub(crate) fn sigmoid<T: Float>(x: T) -> T {
+    sigmoid_pair(x).0
+}
+
 /// `ln(1 + eˣ) = max(x, 0) + ln(1 + e^-|x|)`, which never overflows; NaN stays NaN.
-#[inline]
+#[inline(always)]
 pub(crate) fn softplus<T: Float>(x: T) -> T {
     relu(x) + (-x.abs()).exp().ln_1p()
 }
 
 /// `max(x, 0)`, NaN-propagating (PyTorch's `relu(NaN)` is NaN).
-#[inline]
+#[inline(always)]
 pub(crate) fn relu<T: Float>(x: T) -> T {
     if x < T::ZERO {
         T::ZERO
@@ -38,7 +51,7 @@ pub(crate) fn relu<T: Float>(x: T) -> T {
 }
 
 /// `1` for `x > 0`, `-1` for `x < 0`, `0` at `0`; NaN for NaN (PyTorch's `sign`).
-#[inline]
+#[inline(always)]
 pub(crate) fn sign<T: Float>(x: T) -> T {
     if x > T::ZERO {
         T::ONE
@@ -49,57 +62,66 @@ pub(crate) fn sign<T: Float>(x: T) -> T {
     }
 }
 
-/// `x(1 + tanh u)/2` with `u = √(2/π)(x + 0.044715x³)`.
-#[inline]
+/// `2u = 2√(2/π)(x + 0.044715x³)`, the argument for which `(1 + tanh u)/2 = σ(2u)`.
+#[inline(always)]
+fn gelu_tanh_arg<T: Float>(x: T) -> T {
+    T::from_f64(2.0 * SQRT_2_OVER_PI) * (x * (T::ONE + T::from_f64(GELU_C) * (x * x)))
+}
+
+/// `x(1 + tanh u)/2` with `u = √(2/π)(x + 0.044715x³)`, computed as `x·σ(2u)`, which
+/// does not cancel for negative `x`.
+#[inline(always)]
 pub(crate) fn gelu_tanh<T: Float>(x: T) -> T {
-    let u = T::from_f64(SQRT_2_OVER_PI) * (x + T::from_f64(GELU_C) * x * x * x);
-    T::from_f64(0.5) * x * (T::ONE + u.tanh())
+    x * sigmoid(gelu_tanh_arg(x))
 }
 
-/// The derivative of [`gelu_tanh`].
-#[inline]
+/// The derivative of [`gelu_tanh`]: `σ(2u) + x·σ'(2u)·2u'`.
+#[inline(always)]
 pub(crate) fn gelu_tanh_grad<T: Float>(x: T) -> T {
-    let k = T::from_f64(SQRT_2_OVER_PI);
-    let c = T::from_f64(GELU_C);
-    let t = (k * (x + c * x * x * x)).tanh();
-    let du = k * (T::ONE + T::from_f64(3.0) * c * x * x);
-    T::from_f64(0.5) * (T::ONE + t) + T::from_f64(0.5) * x * (T::ONE - t * t) * du
+    // Beyond ±30 the derivative is exactly 1 or 0 in both types, and `x²` must not
+    // overflow into `0·∞`.
+    let bound = T::from_f64(30.0);
+    let x = if x > bound {
+        bound
+    } else if x < -bound {
+        -bound
+    } else {
+        x
+    };
+    let v = gelu_tanh_arg(x);
+    let (e, r) = logistic_parts(v);
+    let s = if v >= T::ZERO { r } else { e * r };
+    let dv = T::from_f64(2.0 * SQRT_2_OVER_PI) * (T::ONE + T::from_f64(3.0 * GELU_C) * (x * x));
+    s + x * (e * r * r) * dv
 }
 
-/// The standard normal CDF `Φ(x) = (1 + erf(x/√2))/2`.
-#[inline]
-fn phi_cdf<T: Float>(x: T) -> T {
-    T::from_f64(0.5) * (T::ONE + (x * T::from_f64(std::f64::consts::FRAC_1_SQRT_2)).erf())
-}
-
-/// `x·Φ(x)`.
-#[inline]
+/// `x·Φ(x)`, `Φ` the standard normal CDF.
+#[inline(always)]
 pub(crate) fn gelu_erf<T: Float>(x: T) -> T {
-    x * phi_cdf(x)
+    x.gelu()
 }
 
 /// `Φ(x) + x·φ(x)`, the derivative of [`gelu_erf`].
-#[inline]
+#[inline(always)]
 pub(crate) fn gelu_erf_grad<T: Float>(x: T) -> T {
-    let pdf = (-(x * x) * T::from_f64(0.5)).exp() * T::from_f64(INV_SQRT_2PI);
-    phi_cdf(x) + x * pdf
+    x.gelu_grad()
 }
 
 /// `2/√π · e^(−x²)`, the derivative of `erf`.
-#[inline]
+#[inline(always)]
 pub(crate) fn erf_grad<T: Float>(x: T) -> T {
-    T::from_f64(TWO_OVER_SQRT_PI) * (-(x * x)).exp()
+    x.erf_grad()
 }
 
 /// `x·σ(x)` (SiLU, also called swish).
-#[inline]
+#[inline(always)]
 pub(crate) fn silu<T: Float>(x: T) -> T {
     x * sigmoid(x)
 }
 
-/// `σ(x)(1 + x(1 − σ(x)))`, the derivative of [`silu`].
-#[inline]
+/// `σ(x)(1 + x(1 − σ(x)))`, the derivative of [`silu`], with `1 − σ` computed directly.
+#[inline(always)]
 pub(crate) fn silu_grad<T: Float>(x: T) -> T {
-    let s = sigmoid(x);
-    s * (T::ONE + x * (T::ONE - s))
+    let (s, sc) = sigmoid_pair(x);
+    s * (T::ONE + x * sc)
 }

@@ -99,7 +99,7 @@ binary_fns! {
     /// `a ^ b`.
     Pow "pow": |a, b| a.powf(b),
         da |d, a, b| if b == T::ZERO { T::ZERO } else { d * b * a.powf(b - T::ONE) },
-        db |d, a, b| if a > T::ZERO { d * a.powf(b) * a.ln() } else { T::ZERO };
+        db |d, a, b| if a > T::ZERO { d * a.powf(b) * ln_outlined(a) } else { T::ZERO };
     /// The larger of `a` and `b`; NaN if either is.
     Maximum "maximum": |a, b| if a.is_nan() || a > b { a } else { b },
         da |d, a, b| if a == b { d * T::from_f64(0.5) } else if a < b { T::ZERO } else { d },
@@ -126,7 +126,7 @@ impl<'s, T: Float> PairMap<T> for Record<'_, '_, 's, T> {
     fn map(self, f: impl Fn(T, T) -> T + Sync) -> Self::Out {
         let ((a, sa), (b, sb), so) = (self.a, self.b, self.out);
         if sa == so && sb == so && so.numel() < par::MIN_PARALLEL {
-            return self.r.alloc_iter(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
+            return self.r.alloc_iter(a.iter().zip(b).map(move |(&x, &y)| f(x, y)));
         }
         record_broadcast(self.r, (a, sa), (b, sb), so, self.par, f)
     }
@@ -415,4 +415,12 @@ pub(crate) fn grad<'s, T: Float>(
         }
     }
     Ok(())
+}
+
+/// `ln x` as a call: `pow`'s gradient loop calls libm's `powf` anyway and does not
+/// vectorise, and inlining the `ln` polynomial there would grow the walk's dispatcher
+/// (shape-`[1]` backward of every op pays for its size).
+#[inline(never)]
+fn ln_outlined<T: Float>(x: T) -> T {
+    x.ln()
 }

@@ -126,6 +126,9 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
+// Out of line: its `exp` is the inlined polynomial, and the walk's dispatcher must stay
+// small (shape-[1] backward of every op pays for its size).
+#[inline(never)]
 pub(crate) fn backward_cross_entropy<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -252,6 +252,9 @@ pub(crate) fn backward_select_axis<'s, T: Float>(
     Ok(())
 }
 
+// Out of line: its `exp` is the inlined polynomial, and the walk's dispatcher must stay
+// small (shape-[1] backward of every op pays for its size).
+#[inline(never)]
 pub(crate) fn backward_logsumexp<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

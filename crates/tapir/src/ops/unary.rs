@@ -46,7 +46,7 @@ use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
     erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
 };
-use crate::kernels::{par, ElementMap, GradMap};
+use crate::kernels::{self, par, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::Float;
@@ -54,7 +54,10 @@ use faer::Par;
 
 /// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
 /// derivative that does not depend on `x` (backward is then `dx += f'·dout`, which reads
-/// neither the input nor the output).
+/// neither the input nor the output), or `dlong` for a long formula (an `exp` inside): its
+/// loop runs out of line and under SIMD dispatch, so that the walk's dispatcher, into
+/// which the other rows inline, stays small (shape-`[1]` backward of every op pays for its
+/// size: 5% when every loop was inline, W3 under callgrind).
 macro_rules! derivative {
     (d, $m:ident, |$x:ident, $y:ident| $e:expr) => {
         $m.map(move |$x: T, $y: T| $e)
@@ -62,12 +65,34 @@ macro_rules! derivative {
     (dconst, $m:ident, |$x:ident, $y:ident| $e:expr) => {
         $m.scale($e)
     };
+    (dlong, $m:ident, |$x:ident, $y:ident| $e:expr) => {
+        $m.map_long(
+            #[inline(always)]
+            move |$x: T, $y: T| $e,
+        )
+    };
+}
+
+/// A table row's forward formula: `f |x, c| y` in general, `flong |x, c| y` for a long
+/// formula (a polynomial inside): its loop runs out of line, as slices under SIMD dispatch
+/// with the formula forced inline, so that it vectorises and recording short tensors of
+/// the other functions stays lean.
+macro_rules! forward {
+    (f, $m:ident, |$x:ident| $e:expr) => {
+        $m.map(move |$x: T| $e)
+    };
+    (flong, $m:ident, |$x:ident| $e:expr) => {
+        $m.map_long(
+            #[inline(always)]
+            move |$x: T| $e,
+        )
+    };
 }
 
 macro_rules! unary_fns {
     ($(
         $(#[$doc:meta])*
-        $f:ident $name:literal: |$x:ident, $c:ident| $forward:expr, $d:ident |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
+        $f:ident $name:literal: $fk:ident |$x:ident, $c:ident| $forward:expr, $d:ident |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
     )*) => {
         /// An elementwise unary function: the kind of a [`Var`] method such as
         /// [`exp`](Var::exp) or [`clamp`](Var::clamp). Its [`name`](UnaryFn::name) is the method's.
@@ -105,7 +130,7 @@ macro_rules! unary_fns {
                 match self {
                     $(UnaryFn::$f => {
                         let $c = c;
-                        m.map(move |$x: T| $forward)
+                        forward!($fk, m, |$x| $forward)
                     })*
                 }
             }
@@ -126,59 +151,59 @@ macro_rules! unary_fns {
 
 unary_fns! {
     /// `-x`.
-    Neg "neg": |x, _c| -x, dconst |_x, _y, _c| -T::ONE;
+    Neg "neg": f |x, _c| -x, dconst |_x, _y, _c| -T::ONE;
     /// `x + c`.
-    AddScalar "add_scalar": |x, c| x + c[0], dconst |_x, _y, _c| T::ONE;
+    AddScalar "add_scalar": f |x, c| x + c[0], dconst |_x, _y, _c| T::ONE;
     /// `c·x`.
-    MulScalar "mul_scalar": |x, c| x * c[0], dconst |_x, _y, c| c[0];
+    MulScalar "mul_scalar": f |x, c| x * c[0], dconst |_x, _y, c| c[0];
     /// `x^p`.
-    Powf "powf": |x, c| x.powf(c[0]),
+    Powf "powf": f |x, c| x.powf(c[0]),
         d |x, _y, c| if c[0] == T::ZERO { T::ZERO } else { c[0] * x.powf(c[0] - T::ONE) };
     /// `eˣ`.
-    Exp "exp": |x, _c| x.exp(), d |_x, y, _c| y;
+    Exp "exp": f |x, _c| x.exp(), d |_x, y, _c| y;
     /// `ln x`.
-    Log "log": |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
+    Log "log": f |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
     /// `ln(1 + x)`.
-    Log1p "log1p": |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
+    Log1p "log1p": f |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
     /// `eˣ − 1`.
-    Expm1 "expm1": |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
+    Expm1 "expm1": f |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
     /// `√x`.
-    Sqrt "sqrt": |x, _c| x.sqrt(), d |_x, y, _c| T::from_f64(0.5) / y;
+    Sqrt "sqrt": f |x, _c| x.sqrt(), d |_x, y, _c| T::from_f64(0.5) / y;
     /// `1/√x`.
-    Rsqrt "rsqrt": |x, _c| T::ONE / x.sqrt(), d |_x, y, _c| T::from_f64(-0.5) * y * y * y;
+    Rsqrt "rsqrt": f |x, _c| T::ONE / x.sqrt(), d |_x, y, _c| T::from_f64(-0.5) * y * y * y;
     /// `x²`.
-    Square "square": |x, _c| x * x, d |x, _y, _c| x + x;
+    Square "square": f |x, _c| x * x, d |x, _y, _c| x + x;
     /// `1/x`.
-    Recip "recip": |x, _c| T::ONE / x, d |_x, y, _c| -(y * y);
+    Recip "recip": f |x, _c| T::ONE / x, d |_x, y, _c| -(y * y);
     /// `|x|`.
-    Abs "abs": |x, _c| x.abs(), d |x, _y, _c| sign(x);
+    Abs "abs": f |x, _c| x.abs(), d |x, _y, _c| sign(x);
     /// `sin x`.
-    Sin "sin": |x, _c| x.sin(), d |x, _y, _c| x.cos();
+    Sin "sin": f |x, _c| x.sin(), d |x, _y, _c| x.cos();
     /// `cos x`.
-    Cos "cos": |x, _c| x.cos(), d |x, _y, _c| -x.sin();
+    Cos "cos": f |x, _c| x.cos(), d |x, _y, _c| -x.sin();
     /// `tanh x`.
-    Tanh "tanh": |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
+    Tanh "tanh": f |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
     /// `atan x`.
-    Atan "atan": |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
+    Atan "atan": f |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
     /// The error function.
-    Erf "erf": |x, _c| x.erf(), d |x, _y, _c| erf_grad(x);
+    Erf "erf": flong |x, _c| x.erf(), dlong |x, _y, _c| erf_grad(x);
     /// `1/(1+e⁻ˣ)`.
-    Sigmoid "sigmoid": |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
+    Sigmoid "sigmoid": f |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
     /// `max(x, 0)`.
-    Relu "relu": |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
+    Relu "relu": f |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
     /// `x` for `x > 0`, else `c·x`.
-    LeakyRelu "leaky_relu": |x, c| if x > T::ZERO { x } else { c[0] * x },
+    LeakyRelu "leaky_relu": f |x, c| if x > T::ZERO { x } else { c[0] * x },
         d |x, _y, c| if x > T::ZERO { T::ONE } else { c[0] };
     /// `x·Φ(x)`.
-    Gelu "gelu": |x, _c| gelu_erf(x), d |x, _y, _c| gelu_erf_grad(x);
+    Gelu "gelu": flong |x, _c| gelu_erf(x), dlong |x, _y, _c| gelu_erf_grad(x);
     /// GELU with the tanh approximation.
-    GeluTanh "gelu_tanh": |x, _c| gelu_tanh(x), d |x, _y, _c| gelu_tanh_grad(x);
+    GeluTanh "gelu_tanh": flong |x, _c| gelu_tanh(x), dlong |x, _y, _c| gelu_tanh_grad(x);
     /// `ln(1 + eˣ)`.
-    Softplus "softplus": |x, _c| softplus(x), d |x, _y, _c| sigmoid(x);
+    Softplus "softplus": flong |x, _c| softplus(x), dlong |x, _y, _c| sigmoid(x);
     /// `x·σ(x)`.
-    Silu "silu": |x, _c| silu(x), d |x, _y, _c| silu_grad(x);
+    Silu "silu": flong |x, _c| silu(x), dlong |x, _y, _c| silu_grad(x);
     /// `min(max(x, lo), hi)` with `c = [lo, hi]`.
-    Clamp "clamp": |x, c| if x < c[0] { c[0] } else if x > c[1] { c[1] } else { x },
+    Clamp "clamp": f |x, c| if x < c[0] { c[0] } else if x > c[1] { c[1] } else { x },
         d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
 }
 
@@ -195,11 +220,35 @@ impl<'s, T: Float> ElementMap<T> for Record<'_, '_, 's, T> {
     #[inline]
     fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
         if self.x.len() < par::MIN_PARALLEL {
-            self.r.alloc_iter(self.x.iter().map(|&v| f(v)))
+            // The arena fills long values under SIMD dispatch (`storage::fill_from`).
+            // `move`: the iterator owns `f` (and its scalar arguments), so the vectorised
+            // fill loop keeps them in registers instead of reloading them after every store.
+            self.r.alloc_iter(self.x.iter().map(move |&v| f(v)))
         } else {
             record_large(self.r, self.x, self.par, f)
         }
     }
+    #[inline]
+    fn map_long(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
+        if self.x.len() < par::MIN_PARALLEL {
+            record_long(self.r, self.x, f)
+        } else {
+            record_large(self.r, self.x, self.par, f)
+        }
+    }
+}
+
+/// Recording of a long formula, out of line: short inputs fill through the iterator,
+/// long ones through [`kernels::map`], whose slice loop vectorises under SIMD dispatch
+/// (an iterator whose `next` holds the whole formula is not inlined into the fill loop).
+#[inline(never)]
+fn record_long<'s, T: Float>(r: &Rec<'_, 's, T>, x: &[T], f: impl Fn(T) -> T) -> Result<&'s mut [T]> {
+    if x.len() < kernels::simd::MIN_LEN {
+        return r.alloc_iter(x.iter().map(move |&v| f(v)));
+    }
+    let out = r.alloc(x.len())?;
+    kernels::map(x, out, f);
+    Ok(out)
 }
 
 /// The split recording of a large input, out of line so that the small case stays tight.
@@ -235,6 +284,15 @@ impl<T: Float> GradMap<T> for Grad<'_, '_, T> {
     #[inline]
     fn scale(self, c: T) {
         par::axpy(self.par, self.dx, c, self.dout);
+    }
+    #[inline]
+    fn map_long(self, d: impl Fn(T, T) -> T + Sync) {
+        let (x, y) = (self.tape.value(self.x), self.tape.value(self.y));
+        if self.dout.len() < par::MIN_PARALLEL {
+            kernels::map_grad_long(self.dout, x, y, self.dx, d);
+        } else {
+            par::map_grad(self.par, self.dout, x, y, self.dx, d);
+        }
     }
 }
 
@@ -456,6 +514,9 @@ impl<T: Float> GradMap<T> for Mask<'_, T> {
     }
     fn scale(self, c: T) {
         self.out.fill(c);
+    }
+    fn map_long(self, d: impl Fn(T, T) -> T + Sync) {
+        self.map(d);
     }
 }
 

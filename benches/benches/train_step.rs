@@ -38,7 +38,6 @@ fn w7_mlp_hvp(c: &mut Criterion) {
     group.finish();
 }
 
-
 fn w8_deep_mlp_step(c: &mut Criterion) {
     let t = threads();
     let mut group = c.benchmark_group(format!("w8_deep_mlp_step_t{t}"));

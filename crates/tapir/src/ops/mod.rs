@@ -392,7 +392,7 @@ impl<'s, T> Op<'s, T> {
 impl<'s, T: Float> Op<'s, T> {
     /// Adds this node's contribution to its inputs' gradients: `out` is the node's id.
     /// A flat, exhaustive match: a new variant does not compile until it has a backward.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn backward(self, ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>) -> Result<()> {
         use Op::*;
         match self {

@@ -270,6 +270,14 @@ pub(crate) fn sum<T: Float>(x: &[T]) -> T {
 
 /// `out[o, i] = Σ_l x[o, l, i]` for `x` viewed as `(outer, len, inner)`; `out` is zeroed.
 pub(crate) fn sum_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, usize), out: &mut [T]) {
+    if inner == 1 {
+        // The last axis (LayerNorm's mean and variance): each row is one contiguous
+        // [`sum`], not `len` one-element slices.
+        for (o, row) in out.iter_mut().zip(x.chunks_exact(len.max(1))) {
+            *o += sum(row);
+        }
+        return;
+    }
     for o in 0..outer {
         let dst = &mut out[o * inner..(o + 1) * inner];
         for l in 0..len {
@@ -280,6 +288,14 @@ pub(crate) fn sum_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, us
 
 /// `dx[o, l, i] += dout[o, i]`: the gradient of [`sum_axis`].
 pub(crate) fn sum_axis_grad<T: Float>(dout: &[T], (outer, len, inner): (usize, usize, usize), dx: &mut [T]) {
+    if inner == 1 {
+        for (&g, row) in dout.iter().zip(dx.chunks_exact_mut(len.max(1))) {
+            for d in row {
+                *d += g;
+            }
+        }
+        return;
+    }
     for o in 0..outer {
         let src = &dout[o * inner..(o + 1) * inner];
         for l in 0..len {

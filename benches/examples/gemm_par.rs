@@ -21,20 +21,24 @@ static CALLS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every method forwards to `System` unchanged; the counter is a side table.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: the caller's `GlobalAlloc` contract passes unchanged to `System`.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         CALLS.fetch_add(1, Relaxed);
         // SAFETY: the caller's contract, passed through.
         unsafe { System.alloc(layout) }
     }
+    // SAFETY: the caller's `GlobalAlloc` contract passes unchanged to `System`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `System` with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
+    // SAFETY: the caller's `GlobalAlloc` contract passes unchanged to `System`.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         CALLS.fetch_add(1, Relaxed);
         // SAFETY: the caller's contract, passed through.
         unsafe { System.alloc_zeroed(layout) }
     }
+    // SAFETY: the caller's `GlobalAlloc` contract passes unchanged to `System`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         CALLS.fetch_add(1, Relaxed);
         // SAFETY: the caller's contract, passed through.

@@ -55,23 +55,28 @@ fn warm(pool: &rayon::ThreadPool) {
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
 // `System`'s guarantees carry over; the counter is a plain atomic.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: an `unsafe fn` because `GlobalAlloc` says so; the caller's contract is
+    // passed unchanged to `System`.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
         unsafe { System.alloc(layout) }
     }
 
+    // SAFETY: as for `alloc`.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
+    // SAFETY: as for `alloc`; `ptr` and `layout` go to `System` unchanged.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator (hence from `System`) with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
+    // SAFETY: as for `dealloc`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
         // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.

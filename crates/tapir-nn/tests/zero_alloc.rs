@@ -2,17 +2,20 @@
 //! schedule and the optimizer's update) makes no heap allocation: the arena, the tape's
 //! vectors, the gradient buffer and the optimizer's state are all reused.
 //!
-//! Its own test binary with a single test, because the counting allocator is global: one
-//! atomic counter for the calls of every thread the engine runs on, the test's own thread
-//! and every rayon worker (matrix products split by output blocks, large elementwise ops
-//! split by chunks). Only the test harness's threads are left out: its main thread prints
-//! and polls while the test runs, at moments that have nothing to do with the engine. The
+//! Its own test binary, because the counting allocator is global: one atomic counter for
+//! the calls of every thread the engine runs on, the test's own thread and every rayon
+//! worker (matrix products split by output blocks, large elementwise ops split by chunks).
+//! Only the test harness's threads are left out: its main thread prints and polls while
+//! the test runs, at moments that have nothing to do with the engine. The harness runs
+//! tests in parallel, so each test holds [`SERIAL`] for its whole body: otherwise one
+//! test's counted threads would allocate inside the other's measured steps. The
 //! models run at 1 thread, and the MLP (64-256-128-10, batch 128, Adam) at 1, 2
 //! and 4 threads.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 
 use rand::SeedableRng;
 use tapir::{Graph, ParamStore, Tensor};
@@ -26,6 +29,14 @@ use tapir_nn::{
 struct Counting;
 
 static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by each test for its whole body, so that no two tests count at the same time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes [`SERIAL`]; a test that failed while holding it does not fail the others.
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 thread_local! {
     // Whether this thread's calls count: set on the test thread and, by the pools' start
@@ -132,6 +143,7 @@ fn train(
 
 #[test]
 fn warmed_up_training_steps_allocate_nothing() {
+    let _serial = serial();
     // The global pool, which split ops use unless called inside another pool, with 4
     // workers whatever the machine, each counted.
     rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build_global().unwrap();
@@ -209,6 +221,7 @@ fn warmed_up_training_steps_allocate_nothing() {
 /// scopes, the scratch arena and the recomputation reuse what the first steps set up.
 #[test]
 fn warmed_up_checkpointed_steps_allocate_nothing() {
+    let _serial = serial();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let labels: Vec<usize> = (0..16).map(|i| i % 10).collect();
     let mut store = ParamStore::<f32>::new();

@@ -15,7 +15,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, Once};
 
 use rand::SeedableRng;
 use tapir::{Graph, ParamStore, Tensor};
@@ -33,10 +33,35 @@ static CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Held by each test for its whole body, so that no two tests count at the same time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Takes [`SERIAL`]; a test that failed while holding it does not fail the others.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// A test's hold on [`SERIAL`]. Dropped last in the test, it stops the test's thread
+/// counting before letting the next test in: the thread goes on to hand its result to the
+/// harness (which allocates), and that must not land in the next test's measured steps.
+struct Serial(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        COUNTED.with(|c| c.set(false));
+    }
 }
+
+/// Takes [`SERIAL`]; a test that failed while holding it does not fail the others.
+/// Also sets up rayon's global pool, once, whichever test comes first: any rayon call
+/// (even asking for the thread count) starts the global pool with its defaults, after
+/// which it can no longer be configured.
+fn serial() -> Serial {
+    let guard = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    GLOBAL_POOL.call_once(|| {
+        // The global pool, which split ops use unless called inside another pool, with 4
+        // workers whatever the machine, each counted.
+        rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build_global().unwrap();
+        rayon::broadcast(|_| {
+            Tensor::<f32>::ones(&[64, 64]).unwrap().matmul(&Tensor::ones(&[64, 64]).unwrap(), 1).map(drop).unwrap()
+        });
+    });
+    Serial(guard)
+}
+
+static GLOBAL_POOL: Once = Once::new();
 
 thread_local! {
     // Whether this thread's calls count: set on the test thread and, by the pools' start
@@ -52,6 +77,16 @@ fn count() {
 
 fn mark_counted() {
     COUNTED.with(|c| c.set(true));
+}
+
+/// Workers of a test's own pool that have run their exit handler.
+static EXITED: AtomicUsize = AtomicUsize::new(0);
+
+/// A pool worker's last call: its thread stops counting (what it frees on the way out is
+/// not an allocation, and nothing after this belongs to a test).
+fn worker_exited() {
+    COUNTED.with(|c| c.set(false));
+    EXITED.fetch_add(1, Relaxed);
 }
 
 /// Brings every worker of `pool` up and gives each its GEMM packing buffer (faer keeps one
@@ -144,12 +179,6 @@ fn train(
 #[test]
 fn warmed_up_training_steps_allocate_nothing() {
     let _serial = serial();
-    // The global pool, which split ops use unless called inside another pool, with 4
-    // workers whatever the machine, each counted.
-    rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build_global().unwrap();
-    rayon::broadcast(|_| {
-        Tensor::<f32>::ones(&[64, 64]).unwrap().matmul(&Tensor::ones(&[64, 64]).unwrap(), 1).map(drop).unwrap()
-    });
     mark_counted();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let labels: Vec<usize> = (0..32).map(|i| i % 10).collect();
@@ -204,7 +233,12 @@ fn warmed_up_training_steps_allocate_nothing() {
         assert!(loss.is_finite());
         n
     };
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(4).start_handler(|_| mark_counted()).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .start_handler(|_| mark_counted())
+        .exit_handler(|_| worker_exited())
+        .build()
+        .unwrap();
     warm(&pool);
     for threads in [1, 2, 4] {
         let n = pool.install(|| mlp_run(threads, &mut rng));
@@ -215,6 +249,15 @@ fn warmed_up_training_steps_allocate_nothing() {
     // split ops per step here, so at most 2 allocations in 9 steps, never one per product.
     let n = mlp_run(2, &mut rng);
     assert!(n <= 2, "the 64-256-128-10 MLP at 2 threads, outside the pool, allocated {n} times in 9 steps");
+
+    // A dropped pool's workers wind down on their own threads: wait until all four have
+    // stopped counting, or their exit would land in the next test's measured steps.
+    drop(pool);
+    let start = std::time::Instant::now();
+    while EXITED.load(Relaxed) < 4 {
+        assert!(start.elapsed().as_secs() < 60, "the pool's workers did not exit");
+        std::thread::yield_now();
+    }
 }
 
 /// A `Sequential` checkpointed every 2 layers, dropout included: the view, the nested
@@ -222,6 +265,7 @@ fn warmed_up_training_steps_allocate_nothing() {
 #[test]
 fn warmed_up_checkpointed_steps_allocate_nothing() {
     let _serial = serial();
+    mark_counted();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let labels: Vec<usize> = (0..16).map(|i| i % 10).collect();
     let mut store = ParamStore::<f32>::new();

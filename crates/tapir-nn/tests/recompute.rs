@@ -20,6 +20,13 @@ fn model(store: &mut ParamStore<f64>, dropout: bool) -> Sequential<f64> {
 
 /// Two training steps on a fresh graph; the second step's loss and gradients.
 fn step(every: Option<usize>, dropout: bool) -> (f64, Vec<f64>) {
+    step_with(every, dropout, false)
+}
+
+/// As [`step`]; with `penalty`, the loss gets an input-gradient penalty `Σ (∂L/∂x)²`
+/// (WGAN-GP's form), so its parameter gradients are second derivatives through every
+/// checkpointed group.
+fn step_with(every: Option<usize>, dropout: bool, penalty: bool) -> (f64, Vec<f64>) {
     let mut store = ParamStore::new();
     let model = model(&mut store, dropout);
     let x = Tensor::<f64>::normal(&[5, 6], 0.0, 1.0, &mut rand::rngs::StdRng::seed_from_u64(12)).unwrap();
@@ -31,11 +38,16 @@ fn step(every: Option<usize>, dropout: bool) -> (f64, Vec<f64>) {
         let checkpointed = every.map(|k| model.checkpointed(&store, k).unwrap());
         loss = graph.scope(|s| {
             let cx = Ctx::train(s, &store);
+            let x = s.leaf(&x);
             let y = match &checkpointed {
-                Some(c) => c.forward(cx, s.input(&x)),
-                None => model.forward(cx, s.input(&x)),
+                Some(c) => c.forward(cx, x),
+                None => model.forward(cx, x),
             };
-            let loss = y.square().mean();
+            let mut loss = y.square().mean();
+            if penalty {
+                let [gx] = s.grad(loss, [x]).unwrap();
+                loss = loss + gx.square().sum();
+            }
             s.backward_into(loss, &mut grads).unwrap();
             loss.item().unwrap()
         });
@@ -67,6 +79,18 @@ fn dropout_masks_repeat_under_recomputation() {
     assert_ne!(l0, no_dropout, "dropout is active");
     for k in [2, 3] {
         let (l, g) = step(Some(k), true);
+        assert_eq!(l0, l, "every {k}");
+        assert_close(&g0, &g);
+    }
+}
+
+#[test]
+fn second_order_penalties_through_checkpointed_groups_keep_the_gradients() {
+    let (l0, g0) = step_with(None, true, true);
+    let (first_order, _) = step_with(None, true, false);
+    assert_ne!(l0, first_order, "the penalty counts");
+    for k in [1, 2, 3, 100] {
+        let (l, g) = step_with(Some(k), true, true);
         assert_eq!(l0, l, "every {k}");
         assert_close(&g0, &g);
     }

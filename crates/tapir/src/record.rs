@@ -9,6 +9,7 @@ use crate::graph::core::Core;
 use crate::graph::id::NodeMap;
 use crate::graph::tape::{NodeView, Slot, Tape};
 use crate::graph::{NodeId, Var};
+use crate::ops::checkpoint::Replay;
 use crate::ops::custom::{CustomEntry, CustomScratch};
 use crate::ops::Op;
 use crate::shape::{resolve_axis, Shape};
@@ -208,13 +209,51 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
 /// gradient handles it adds its inputs' contributions to.
 ///
 /// It holds no borrow of the tape: every read is a short borrow, so recording in between
-/// never meets a live borrow.
+/// never meets a live borrow. `scope` is the scope itself (`core` is its core), seen only
+/// through [`Replay`], for the one derivative that runs user code on it: a checkpointed
+/// block's recomputation.
 pub(crate) struct GradCtx<'a, 's, T: Float> {
+    pub(crate) scope: &'s (dyn Replay<'s, T> + 's),
     pub(crate) core: &'s Core<'s, T>,
     pub(crate) slots: &'a mut NodeMap<'s, Slot<'s>>,
 }
 
 impl<'s, T: Float> GradCtx<'_, 's, T> {
+    /// Marks the nodes of `ids` (in tape order) that the walk differentiates through:
+    /// those that require a gradient and are marked already (the inputs asked for) or read
+    /// a marked node.
+    pub(crate) fn mark(&mut self, ids: impl Iterator<Item = NodeId<'s>>) {
+        let tape = self.core.tape.borrow();
+        for id in ids {
+            let node = &tape.nodes[id.index()];
+            if !node.requires_grad {
+                self.slots[id].needed = false;
+                continue;
+            }
+            if !self.slots[id].needed {
+                let mut any = false;
+                tape.for_each_input(&node.op, |i| any |= self.slots[i].needed);
+                self.slots[id].needed = any;
+            }
+        }
+    }
+
+    /// The reverse walk over `ids` (given in tape order): each marked node with a gradient
+    /// records its derivative, adding its inputs' contributions to their slots. Stops at
+    /// the first recording error, which the scope keeps.
+    #[track_caller]
+    pub(crate) fn walk_back(&mut self, ids: impl DoubleEndedIterator<Item = NodeId<'s>>) -> Result<()> {
+        for id in ids.rev() {
+            let (op, slot) = (self.core.tape.borrow().nodes[id.index()].op, self.slots[id]);
+            let Some(g) = slot.grad.filter(|_| slot.needed) else { continue };
+            op.grad(self, id, Var { core: self.core, id: g })?;
+            if self.core.tape.borrow().error.is_some() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// A handle to node `id`.
     #[inline]
     pub fn var(&self, id: NodeId<'s>) -> Var<'s, T> {

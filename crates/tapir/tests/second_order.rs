@@ -48,6 +48,11 @@ impl CustomOp<f64> for Double {
     }
 }
 
+/// The example block of [`OpKind::Checkpoint`]: `exp(tanh(x ⊙ y) · w)`, every input used.
+fn checkpointed<'c>(_: &'c Scope<'c, '_, f64>, v: &[Var<'c, f64>]) -> Var<'c, f64> {
+    (v[0] * v[1]).tanh().matmul(v[2]).exp()
+}
+
 /// The leaves every example reads: `x`, `y: [2, 3]` in (0.1, 0.9), apart from each other
 /// and from every kink and tie; `w: [3, 2]`; `img: [1, 1, 4, 4]` with distinct values.
 fn inputs() -> Vec<Tensor<f64>> {
@@ -128,6 +133,7 @@ fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> V
         OpKind::ScatterAdd => x.scatter_add(0, &[2, 2], 3).square(),
         OpKind::Col2Im => img.reshape(&[1, 4, 4]).col2im([3, 3], [2, 2], [1, 1], [0, 0]).square(),
         OpKind::Custom => s.custom(&Double { hook: true }, &[x]).square(),
+        OpKind::Checkpoint => s.checkpoint(&checkpointed, &[x, y, w]).square(),
         other => panic!("no example for {other:?}: add one"),
     }
 }
@@ -195,9 +201,7 @@ fn backward_through_recorded_gradients(kind: OpKind) {
 #[test]
 fn every_kind_has_an_exact_recorded_derivative() {
     let mut kinds = 0;
-    // A checkpoint has no recorded derivative by design (its recomputation records on a
-    // nested scope); `tests/checkpoint.rs` checks that `grad` through one is a typed error.
-    for kind in OpKind::all().filter(|&k| !is_leaf(k) && k != OpKind::Checkpoint) {
+    for kind in OpKind::all().filter(|&k| !is_leaf(k)) {
         kinds += 1;
         grad_matches_backward(kind);
         backward_through_recorded_gradients(kind);
@@ -205,7 +209,7 @@ fn every_kind_has_an_exact_recorded_derivative() {
         gradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
         gradgradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
     }
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 25);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 26);
 }
 
 #[test]

@@ -176,39 +176,19 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         }
         // Forward pass: a node is on a path from some input to `y` if it requires a
         // gradient and is an input or reads one that is.
-        {
-            let tape = core.tape.borrow();
-            for id in tape.ids_through(last) {
-                let node = &tape.nodes[id.index()];
-                if !node.requires_grad {
-                    slots[id].needed = false;
-                    continue;
-                }
-                if !slots[id].needed {
-                    let mut any = false;
-                    tape.for_each_input(&node.op, |i| any |= slots[i].needed);
-                    slots[id].needed = any;
-                }
-            }
-        }
-        if slots[last].needed {
+        let mut ctx = GradCtx { scope: self, core, slots };
+        ctx.mark(core.tape.borrow().ids_through(last));
+        if ctx.slots[last].needed {
             let seed = match seed {
                 Some(v) => v,
                 None => self.filled(y.shape(), T::ONE),
             };
-            slots[last].grad = Some(seed.id);
-            let mut ctx = GradCtx { core, slots };
-            // Collected first: the loop must not hold the tape's borrow.
+            ctx.slots[last].grad = Some(seed.id);
+            // Collected first: the walk must not hold the tape's borrow.
             let ids = core.tape.borrow().ids_through(last);
-            for id in ids.rev() {
-                let (op, slot) = (core.tape.borrow().nodes[id.index()].op, ctx.slots[id]);
-                let Some(g) = slot.grad.filter(|_| slot.needed) else { continue };
-                op.grad(&mut ctx, id, Var { core, id: g })?;
-                if core.tape.borrow().error.is_some() {
-                    return Ok(());
-                }
-            }
+            ctx.walk_back(ids)?;
         }
+        let slots = ctx.slots;
         for (o, x) in out.iter_mut().zip(xs) {
             let g = slots.get(x.id).and_then(|s| s.grad.filter(|_| s.needed));
             *o = match g {

@@ -17,9 +17,9 @@ use faer::Par;
 use crate::error::{Error, Loc, Result};
 use crate::graph::backward::{self, Seed};
 use crate::graph::core::Core;
-use crate::graph::tape::{Spare, Tape};
+use crate::graph::tape::{recycle, Spare, Tape};
 use crate::graph::Var;
-use crate::ops::checkpoint::Nest;
+use crate::ops::checkpoint::{Checkpoint, Nest};
 use crate::ops::Op;
 use crate::params::{GradBuffer, ParamId, ParamStore};
 use crate::shape::Shape;
@@ -43,6 +43,18 @@ pub struct Graph<T: Float = f32> {
     last: GraphStats,
     /// Scopes run so far (see [`Scope::next_draw`]).
     steps: u64,
+    /// The scopes' lists of checkpointed blocks, emptied, kept for their capacity.
+    spare_blocks: SpareBlocks<T>,
+}
+
+/// An empty list of blocks with the capacity of earlier scopes' ([`Scope`]'s `blocks`).
+#[derive(Default)]
+struct SpareBlocks<T: Float>(Vec<&'static (dyn Checkpoint<T> + 'static)>);
+
+impl<T: Float> std::fmt::Debug for SpareBlocks<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SpareBlocks(capacity {})", self.0.capacity())
+    }
 }
 
 /// What a scope recorded and how much memory it used.
@@ -77,6 +89,7 @@ impl<T: Float> Graph<T> {
             anomaly: false,
             last: GraphStats::default(),
             steps: 0,
+            spare_blocks: SpareBlocks(Vec::new()),
         }
     }
 
@@ -199,7 +212,8 @@ impl<T: Float> Graph<T> {
             tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });
             tape.step = self.steps;
             self.steps += 1;
-            let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), _env: PhantomData };
+            let blocks = RefCell::new(recycle(std::mem::take(&mut self.spare_blocks.0)));
+            let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), blocks, _env: PhantomData };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.
@@ -211,6 +225,9 @@ impl<T: Float> Graph<T> {
                 scratch: self.scratch.arena.borrow().stats(),
             };
             tape.drain_into(&mut self.spare);
+            let mut blocks = std::mem::take(&mut *scope.blocks.borrow_mut());
+            blocks.clear();
+            self.spare_blocks.0 = recycle(blocks);
             out
         };
         if self.arena.end_scope() {
@@ -238,6 +255,15 @@ impl<T: Float> Graph<T> {
 /// One iteration's recording. Made by [`Graph::scope`]; see there for the lifetimes.
 pub struct Scope<'s, 'g: 's, T: Float = f32> {
     pub(crate) core: Core<'s, T>,
+    /// The blocks of this scope's checkpoints, borrowed for `'g`, by table index (the
+    /// tape's entries hold them for `'s` only, which is enough to recompute them on a
+    /// nested scope). A checkpoint's recorded derivative runs its block on this scope
+    /// itself, a `Scope<'s, 'g>`, and [`Checkpoint::forward`] asks for the block borrowed
+    /// for the scope's `'g` (see `ops/checkpoint.rs`, `Replay`). Empty, and never pushed
+    /// to, on a nested scope, whose checkpoints run inline.
+    pub(crate) blocks: RefCell<Vec<&'g (dyn Checkpoint<T> + 'g)>>,
+    /// Invariant in `'g`, so that nothing borrowed for less than the graph's borrow (the
+    /// arena's values, a leaked object holding the scope) can pass for a `'g` borrow.
     _env: PhantomData<&'g mut &'g ()>,
 }
 
@@ -265,11 +291,21 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         match store.check("param", id) {
             // The node's payload is [index, store identity low, high], so that
             // `backward_into` can tell parameters of two stores apart.
-            Ok(i) => self.core.record(crate::ops::OpKind::Param, |r| {
-                let t = store.at(i);
-                let at = r.extra([i as u32, store.id() as u32, (store.id() >> 32) as u32])?;
-                Ok((Op::Param(at), t.shape(), t.data()))
-            }),
+            Ok(i) => {
+                let payload = [i as u32, store.id() as u32, (store.id() >> 32) as u32];
+                // A checkpointed block recomputed for a recorded derivative reads the
+                // checkpoint's own parameter nodes.
+                let value = Some(store.at(i).data());
+                if let Some(v) = crate::ops::checkpoint::replayed_param(&self.core, payload, value, Location::caller())
+                {
+                    return v;
+                }
+                self.core.record(crate::ops::OpKind::Param, |r| {
+                    let t = store.at(i);
+                    let at = r.extra(payload)?;
+                    Ok((Op::Param(at), t.shape(), t.data()))
+                })
+            }
             Err(e) => self.core.fail(e),
         }
     }
@@ -529,7 +565,11 @@ pub(crate) fn nested<'s, T: Float, R>(
     let tape = Tape::from_spare(&mut scratch.spare.borrow_mut());
     let out = {
         // A nested scope has no `nest` of its own: a checkpoint inside it runs inline.
-        let scope = Scope { core: Core::new(&arena, tape, nest.par, nest.anomaly), _env: PhantomData };
+        let scope = Scope {
+            core: Core::new(&arena, tape, nest.par, nest.anomaly),
+            blocks: RefCell::default(),
+            _env: PhantomData,
+        };
         // The handles go on the stack (a block has few inputs), else in a `Vec`.
         const SMALL: usize = 16;
         let (mut small, mut spill, mut n) = ([scope.core.poison(); SMALL], Vec::new(), 0);

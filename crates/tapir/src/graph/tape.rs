@@ -71,6 +71,11 @@ pub(crate) struct Tape<'s, T> {
     /// (see `Scope::next_draw`).
     pub step: u64,
     pub draws: u64,
+    /// While a checkpointed block is recomputed on this tape for its recorded derivative,
+    /// the stored-id range `(next, end)` of the checkpoint node's parameter inputs: the
+    /// block's parameter reads take these nodes in order instead of recording new ones
+    /// (see `ops/checkpoint.rs`).
+    pub replay: Option<(u32, u32)>,
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -123,6 +128,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             no_grad: 0,
             step: 0,
             draws: 0,
+            replay: None,
         }
     }
 
@@ -164,6 +170,11 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
     /// The ids from the first node through `last`, in tape order.
     pub(crate) fn ids_through(&self, last: NodeId<'s>) -> impl DoubleEndedIterator<Item = NodeId<'s>> {
         (0..=last.raw()).map(NodeId::new)
+    }
+
+    /// The ids after `first` through `last`, in tape order.
+    pub(crate) fn ids_after(&self, first: NodeId<'s>, last: NodeId<'s>) -> impl DoubleEndedIterator<Item = NodeId<'s>> {
+        (first.raw() + 1..=last.raw()).map(NodeId::new)
     }
 
     /// Stores `ids` in the payload list and returns their offset (see

@@ -28,6 +28,9 @@
 //! Nesting: a checkpoint recorded inside a checkpointed block runs inline (its block is
 //! simply part of the outer block, recomputed with it), since the scratch arena holds the
 //! outer block meanwhile. Only the outermost level saves memory.
+//!
+//! Recorded derivative ([`Scope::grad`]): see [`grad`]; the block is replayed on the
+//! caller's scope, reading the checkpoint's own parameter nodes ([`replayed_param`]).
 
 use std::any::Any;
 use std::panic::Location;
@@ -36,6 +39,7 @@ use faer::Par;
 
 use crate::error::{Error, Loc, Result};
 use crate::graph::backward::{self, Seed};
+use crate::graph::core::Core;
 use crate::graph::{nested, NodeId, Scope, Scratch, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
@@ -183,9 +187,49 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// assert_eq!(y.data(), [2.0, 2.0]);
     /// ```
     ///
+    /// Nor can a block that holds the scope, even in leaked memory, which lives as long as
+    /// the scope's brand `'s` but not `'g` (the scope is invariant in `'g`); such a block
+    /// could record on the scope while backward walks its tape:
+    ///
+    /// ```compile_fail
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// struct Holds<'s, 'g>(Option<&'s Scope<'s, 'g, f32>>);
+    /// impl Checkpoint<f32> for Holds<'_, '_> {
+    ///     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    ///         x[0]
+    ///     }
+    /// }
+    /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let mut g = Graph::<f32>::new();
+    /// g.scope(|s| {
+    ///     let block: &Holds = Box::leak(Box::new(Holds(Some(s))));
+    ///     let _ = s.checkpoint(block, &[s.leaf(&x)]);
+    /// });
+    /// ```
+    ///
+    /// while the same leaked block holding no scope compiles:
+    ///
+    /// ```
+    /// # use tapir::{Checkpoint, Graph, Scope, Tensor, Var};
+    /// # struct Holds<'s, 'g>(Option<&'s Scope<'s, 'g, f32>>);
+    /// # impl Checkpoint<f32> for Holds<'_, '_> {
+    /// #     fn forward<'c, 'e>(&'e self, _: &'c Scope<'c, 'e, f32>, x: &[Var<'c, f32>], _: u32) -> Var<'c, f32> {
+    /// #         x[0]
+    /// #     }
+    /// # }
+    /// let x = Tensor::<f32>::ones(&[2]).unwrap();
+    /// let mut g = Graph::<f32>::new();
+    /// g.scope(|s| {
+    ///     let block: &Holds = Box::leak(Box::new(Holds(None)));
+    ///     let _ = s.checkpoint(block, &[s.leaf(&x)]);
+    /// });
+    /// ```
+    ///
     /// Inside a checkpointed block, a checkpoint runs inline (its ops become part of the
-    /// enclosing block). Second-order gradients through a checkpoint are not supported:
-    /// [`Scope::grad`] through one is an [`Error::InvalidArgument`] naming `grad`.
+    /// enclosing block). [`Scope::grad`] differentiates through a checkpoint to any order:
+    /// its recorded derivative runs the block once more on this scope (see
+    /// `docs/design.md`, "Second order"), so a second derivative keeps the block's graph
+    /// in the main arena until the scope ends.
     ///
     /// # Errors
     /// Recorded as the scope's error: any error the block records (as it names it); the
@@ -236,6 +280,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             let tape = self.core.tape.borrow();
             inputs.iter().map(|x| tape.node(x.id)).map(|n| (n.requires_grad, n.shape, n.value)).collect_small()
         };
+        let block_g = block;
         let block: &'s dyn Checkpoint<T> = block;
         let (step, draws) = {
             let tape = self.core.tape.borrow();
@@ -255,8 +300,10 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             for n in tape.nodes.iter().map(|n| tape.view(n)) {
                 if let Op::Param(at) = n.op {
                     let payload = [tape.extra[at as usize], tape.extra[at as usize + 1], tape.extra[at as usize + 2]];
-                    let p = self.core.record_at(OpKind::Param.name(), location, |r| {
-                        Ok((Op::Param(r.extra(payload)?), n.shape, &[]))
+                    let p = replayed_param(&self.core, payload, None, location).unwrap_or_else(|| {
+                        self.core.record_at(OpKind::Param.name(), location, |r| {
+                            Ok((Op::Param(r.extra(payload)?), n.shape, &[]))
+                        })
                     });
                     params.push(p.id);
                 }
@@ -274,6 +321,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
                     location,
                 })?;
                 r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, location });
+                // Same index: the recorded derivative finds the block for `'g` there.
+                self.blocks.borrow_mut().push(block_g);
                 let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
                 Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
             });
@@ -396,20 +445,149 @@ pub(crate) fn backward<'s, T: Float>(
     result
 }
 
-/// Recorded derivative ([`Scope::grad`]): not supported. The block's recomputation records
-/// on a nested scope of its own, whose ops are not on this tape, so there is nothing to
-/// differentiate again; record the block directly to take second derivatives.
+/// Recorded derivative ([`Scope::grad`]), with `g = ∂y/∂out` a handle: the block runs
+/// again, this time on the scope itself, from the checkpoint's own input nodes, so its ops
+/// are recorded on this tape (in the main arena) like any others; then the walk goes on
+/// through them, seeded with `g` at the recomputed output, and their derivatives reach
+/// the checkpoint's inputs. Everything recorded is differentiable again, to any order.
+///
+/// During the recomputation the block's random draws replay from where its forward began
+/// them, gradient recording is on even under `no_grad` (the walk needs the block's
+/// graph; `no_grad` still applies to the derivative ops recorded afterwards), and the
+/// block's parameter reads return the checkpoint's own parameter nodes in order instead
+/// of new ones (see [`replayed_param`]), so that a later `grad` or `backward_into` with
+/// respect to those parameters sees every path through them.
+///
+/// The recomputed values stay in the main arena until the scope ends: a second
+/// derivative keeps the block's graph, as PyTorch's `create_graph=True` does.
 #[track_caller]
-pub(crate) fn grad<T: Float>(ctx: &mut GradCtx<'_, '_, T>, table: u32) -> Result<()> {
-    let location = ctx.core.tape.borrow().checkpoints[table as usize].location;
-    Err(Error::InvalidArgument {
-        op: ctx.core.op_name("grad"),
-        detail: format!(
-            "a recorded (differentiable) gradient cannot pass through the checkpoint recorded at {location}: \
-             record the block without a checkpoint to take second derivatives (backward works)"
-        ),
-        location: Location::caller(),
-    })
+pub(crate) fn grad<'s, T: Float>(
+    ctx: &mut GradCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    table: u32,
+    first: u32,
+    count: u32,
+) -> Result<()> {
+    let (scope, core) = (ctx.scope, ctx.core);
+    let (entry, before) = {
+        let tape = core.tape.borrow();
+        (tape.checkpoints[table as usize], tape.ids().next_back().expect("the checkpoint node is on the tape"))
+    };
+    // The handles go on the stack (a block has few inputs), else in a `Vec`.
+    let (mut small, mut spill, mut n) = ([core.poison(); SMALL], Vec::new(), 0);
+    for id in core.tape.borrow().stored_ids(first, entry.inputs) {
+        let v = Var { core, id };
+        if n < SMALL {
+            small[n] = v;
+        } else {
+            if spill.is_empty() {
+                spill.extend_from_slice(&small);
+            }
+            spill.push(v);
+        }
+        n += 1;
+    }
+    let inputs = if n <= SMALL { &small[..n] } else { &spill[..] };
+    let saved = {
+        let mut tape = core.tape.borrow_mut();
+        let saved = (tape.draws, tape.no_grad);
+        tape.draws = entry.draws;
+        tape.no_grad = 0;
+        tape.replay = Some((first + entry.inputs, first + count));
+        saved
+    };
+    let y = scope.replay(table, inputs, entry.part);
+    let replay = {
+        let mut tape = core.tape.borrow_mut();
+        (tape.draws, tape.no_grad) = saved;
+        tape.replay.take()
+    };
+    if core.tape.borrow().error.is_some() {
+        return Ok(());
+    }
+    if let Some((next, end)) = replay.filter(|(next, end)| next != end) {
+        let read = next - (first + entry.inputs);
+        return Err(nondeterministic(
+            format!("the block read {read} of its {} parameters on recomputation", end - (first + entry.inputs)),
+            entry.location,
+        ));
+    }
+    let (shape, expected) = (y.shape(), core.tape.borrow().shape(out));
+    if shape != expected {
+        return Err(nondeterministic(
+            format!("the block's output has shape {shape} on recomputation but {expected} when recorded"),
+            entry.location,
+        ));
+    }
+    // The walk goes on over the recomputed nodes: they come after everything the main
+    // walk visits, and read the checkpoint's inputs, which it visits later.
+    let last = y.id;
+    ctx.slots.resize_with(last.index() + 1, Default::default);
+    ctx.mark(core.tape.borrow().ids_after(before, last));
+    if !ctx.slots[last].needed {
+        return Ok(());
+    }
+    ctx.slots[last].grad = Some(g.id);
+    let ids = core.tape.borrow().ids_after(before, last);
+    ctx.walk_back(ids)
+}
+
+/// A scope as the recorded derivative of a checkpoint sees it: something that runs the
+/// block of checkpoint `table` on itself. Implemented by `Scope<'s, 'g, T>`, which holds
+/// its blocks borrowed for `'g` ([`Checkpoint::forward`] needs the block borrowed for the
+/// scope's `'g`); the derivative ops see a `&'s dyn Replay<'s, T>`, with no `'g` to name,
+/// so the scope stays invariant in `'g`.
+pub(crate) trait Replay<'s, T: Float> {
+    /// Runs checkpoint `table`'s block on this scope from `inputs`.
+    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Var<'s, T>;
+}
+
+impl<'s, 'g: 's, T: Float> Replay<'s, T> for Scope<'s, 'g, T> {
+    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Var<'s, T> {
+        // Copied out, so the list is not borrowed while the block runs (it may record a
+        // checkpoint of its own, which pushes to it).
+        let block = self.blocks.borrow()[table as usize];
+        block.forward(self, inputs, part)
+    }
+}
+
+/// While a checkpointed block is recomputed for its recorded derivative (the tape's
+/// `replay` is set), a parameter read takes the checkpoint's next parameter node instead
+/// of recording a new one: `Some` of that node if it is the parameter `payload` names,
+/// `Some` of a poisoned handle (the scope's error) if it is not, `None` outside a
+/// recomputation.
+///
+/// The checkpoint's parameter nodes were recorded with an empty value (nothing read them
+/// until now); `value`, the parameter's data when the read comes from
+/// [`Scope::param`], becomes the node's value, so the recomputed ops can read it. A read
+/// by a checkpoint nested in the block passes `None`: that checkpoint only lists the node,
+/// and its own recomputation reads the value through `Scope::param` in turn.
+#[track_caller]
+pub(crate) fn replayed_param<'s, T: Float>(
+    core: &'s Core<'s, T>,
+    payload: [u32; 3],
+    value: Option<&'s [T]>,
+    location: Loc,
+) -> Option<Var<'s, T>> {
+    let mut tape = core.tape.borrow_mut();
+    let (next, end) = tape.replay?;
+    let id = (next < end).then(|| tape.stored_ids(next, 1).next()).flatten();
+    let same =
+        id.map(|id| matches!(tape.node(id).op, Op::Param(at) if tape.extra[at as usize..at as usize + 3] == payload));
+    match id {
+        Some(id) if same == Some(true) => {
+            tape.replay = Some((next + 1, end));
+            if let Some(value) = value {
+                tape.nodes[id.index()].value = value;
+            }
+            Some(Var { core, id })
+        }
+        _ => {
+            drop(tape);
+            Some(core.fail(nondeterministic("the block read other parameters on recomputation".into(), location)))
+        }
+    }
 }
 
 /// Starts the nested scope's random draws where the block's forward started them.

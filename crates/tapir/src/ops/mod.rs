@@ -461,7 +461,7 @@ impl<'s, T: Float> Op<'s, T> {
             ScatterAdd { x, axis, idx } => scatter::grad_scatter_add(ctx, g, x, axis, idx),
             Col2Im { x, geom } => conv::grad_col2im(ctx, g, x, geom),
             Custom { table, first, count } => custom::grad(ctx, out, g, table, first, count),
-            Checkpoint { table, .. } => checkpoint::grad(ctx, table),
+            Checkpoint { table, first, count } => checkpoint::grad(ctx, out, g, table, first, count),
         }
     }
 }

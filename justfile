@@ -19,7 +19,7 @@ bench-mpi *RANKS:
     crates/tapir-dist/bench-w9.sh {{RANKS}}
 
 # Kernel accuracy: every f32 bit pattern in each function's useful range against f64, and the
-# f64 kernels against mpmath; prints the max ulp per function (release, minutes on 2 cores).
+# f64 kernels against mpmath; prints the max ulp per function (release, about 25 minutes on 2 cores).
 accuracy:
     TAPIR_ULP_STRIDE=1 cargo test --release -p tapir --lib kernels::accuracy -- --nocapture --test-threads 1
 

@@ -107,7 +107,7 @@ fn cases() -> Vec<Case> {
             reference: f64::exp_m1,
             range: (-18.0, 89.0),
             floor: 0.0,
-            bound: 2.0,
+            bound: 2.5,
         },
         Case {
             name: "log",
@@ -134,7 +134,7 @@ fn cases() -> Vec<Case> {
             reference: f64::tanh,
             range: (-10.0, 10.0),
             floor: 0.0,
-            bound: 3.0,
+            bound: 3.5,
         },
         Case {
             name: "tanh'",
@@ -206,7 +206,7 @@ fn cases() -> Vec<Case> {
             reference: reference::silu_grad,
             range: (-104.0, 1e4),
             floor: 0.0625,
-            bound: 6.0,
+            bound: 6.5,
         },
         Case {
             name: "gelu",
@@ -215,7 +215,7 @@ fn cases() -> Vec<Case> {
             reference: reference::gelu,
             range: (-15.0, 1e4),
             floor: 0.0,
-            bound: 5.0,
+            bound: 6.0,
         },
         Case {
             name: "gelu'",
@@ -224,7 +224,7 @@ fn cases() -> Vec<Case> {
             reference: reference::gelu_grad,
             range: (-15.0, 1e4),
             floor: 0.0625,
-            bound: 10.0,
+            bound: 12.0,
         },
         Case {
             name: "gelu_tanh",
@@ -242,7 +242,7 @@ fn cases() -> Vec<Case> {
             reference: reference::gelu_tanh_grad,
             range: (-12.0, 1e4),
             floor: 0.0625,
-            bound: 10.0,
+            bound: 13.0,
         },
     ]
 }

@@ -29,7 +29,7 @@ fn main() {
         let report = g.scope(|s| {
             let mut h = s.input(&x);
             for (i, &(w, b)) in layers.iter().enumerate() {
-                h = h.matmul(s.param(&store, w)) + s.param(&store, b);
+                h = h.linear(s.param(&store, w), s.param(&store, b));
                 if i + 1 < layers.len() {
                     h = h.relu();
                 }

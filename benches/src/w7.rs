@@ -57,7 +57,7 @@ impl MlpHvp {
         let mut h = s.input(x);
         let layers = params.len() / 2;
         for i in 0..layers {
-            h = h.matmul(params[2 * i]) + params[2 * i + 1];
+            h = h.linear(params[2 * i], params[2 * i + 1]);
             if i + 1 < layers {
                 h = h.relu();
             }

@@ -49,7 +49,7 @@ fn layers<'s, 'g>(
     mut h: Var<'s, f32>,
 ) -> Var<'s, f32> {
     for &(w, b) in layers {
-        h = (h.matmul(s.param(store, w)) + s.param(store, b)).relu();
+        h = h.linear(s.param(store, w), s.param(store, b)).relu();
     }
     h
 }
@@ -93,7 +93,7 @@ impl DeepMlp {
                 h = layers(s, store, hidden, h);
             }
             let (w, b) = out[0];
-            let loss = (h.matmul(s.param(store, w)) + s.param(store, b)).cross_entropy(labels);
+            let loss = h.linear(s.param(store, w), s.param(store, b)).cross_entropy(labels);
             s.backward_into(loss, grads).expect("W8 records no error");
             loss.item().expect("a scalar")
         });

@@ -65,6 +65,21 @@ fn matmul_shape() {
 }
 
 #[test]
+fn linear_shapes() {
+    let (x, w, b) = (t(&[4, 3]), t(&[3, 2]), t(&[2]));
+    for (xs, ws, bs, names) in [
+        (&x, &w, &t(&[3]), ["[4, 3]", "[3, 2]", "[3]"]),
+        (&x, &t(&[2, 2]), &b, ["[4, 3]", "[2, 2]", "[2]"]),
+        (&t(&[3]), &w, &b, ["[3]", "[3, 2]", "[2]"]),
+        (&x, &t(&[1, 3, 2]), &b, ["[4, 3]", "[1, 3, 2]", "[2]"]),
+    ] {
+        let e = scope_error!(|s| s.leaf(xs).linear(s.leaf(ws), s.leaf(bs)));
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert_names(&e, "linear", &names, true);
+    }
+}
+
+#[test]
 fn bad_axis() {
     let a = t(&[2, 3]);
     let e = scope_error!(|s| s.leaf(&a).softmax(5));

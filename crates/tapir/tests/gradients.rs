@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
 use tapir::testing::{gradcheck, GradcheckOptions};
-use tapir::{Scope, Tensor, Var};
+use tapir::{Graph, Scope, Tensor, Var};
 
 /// How to draw input values.
 #[derive(Clone, Copy)]
@@ -312,6 +312,24 @@ proptest! {
             _ => (vec![1, m, k], vec![2, b, k, n]),
         };
         check(&[tensor(&da, seed, Draw::Any), tensor(&db, seed ^ 1, Draw::Any)], seed, |_, v| v[0].matmul(v[1]))?;
+    }
+
+    #[test]
+    fn linear(lead in dims(1..=2, 0..=4), k in 0usize..=4, n in 0usize..=4, seed: u64) {
+        let mut dx = lead.clone();
+        dx.push(k);
+        let inputs = [tensor(&dx, seed, Draw::Any), tensor(&[k, n], seed ^ 1, Draw::Any), tensor(&[n], seed ^ 2, Draw::Any)];
+        check(&inputs, seed, |_, v| v[0].linear(v[1], v[2]))?;
+        // The same value as the two-node form, to rounding.
+        let mut g = Graph::<f64>::new();
+        let (a, b) = g.scope(|s| {
+            let v: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
+            (v[0].linear(v[1], v[2]).to_tensor().unwrap(), (v[0].matmul(v[1]) + v[2]).to_tensor().unwrap())
+        });
+        prop_assert_eq!(a.shape(), b.shape());
+        for (p, q) in a.data().iter().zip(b.data()) {
+            prop_assert!((p - q).abs() <= 1e-12 * (1.0 + q.abs()), "{} vs {}", p, q);
+        }
     }
 
     #[test]

@@ -147,6 +147,32 @@ fn matmul_and_same_handle() {
 }
 
 #[test]
+fn linear_is_matmul_plus_bias_in_one_node() {
+    // x = [[1, 2], [3, 4]], w = [[1, 0, 2], [0, 1, -1]], b = [10, 20, 30]; L = Σ out.
+    // out = x·w + b = [[11, 22, 30], [13, 24, 32]]; with J all ones [2, 3]:
+    // dx = J·wᵀ (row sums of w: 3, 0), dw = xᵀ·J (column sums of x: 4, 6), db = 2 each.
+    let (v, g) = run(
+        &[(&[1.0, 2.0, 3.0, 4.0], &[2, 2]), (&[1.0, 0.0, 2.0, 0.0, 1.0, -1.0], &[2, 3]), (&[10.0, 20.0, 30.0], &[3])],
+        |_, x| x[0].linear(x[1], x[2]),
+    );
+    close(&v, &[11.0, 22.0, 30.0, 13.0, 24.0, 32.0]);
+    close(&g[0], &[3.0, 0.0, 3.0, 0.0]);
+    close(&g[1], &[4.0, 4.0, 4.0, 6.0, 6.0, 6.0]);
+    close(&g[2], &[2.0, 2.0, 2.0]);
+    // Batched x [2, 1, 2] against the same w: the rows of both batches share w and b.
+    let (v, g) = run(
+        &[
+            (&[1.0, 2.0, 3.0, 4.0], &[2, 1, 2]),
+            (&[1.0, 0.0, 2.0, 0.0, 1.0, -1.0], &[2, 3]),
+            (&[10.0, 20.0, 30.0], &[3]),
+        ],
+        |_, x| x[0].linear(x[1], x[2]),
+    );
+    close(&v, &[11.0, 22.0, 30.0, 13.0, 24.0, 32.0]);
+    close(&g[2], &[2.0, 2.0, 2.0]);
+}
+
+#[test]
 fn shape_ops_route_gradients_back() {
     let a: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
     // permute [2, 3] → [3, 2] then weight by position: L = Σ_k w_k out_k.

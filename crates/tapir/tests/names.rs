@@ -118,6 +118,7 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
             }
         }
         OpKind::MatMul => x.matmul(w),
+        OpKind::Linear => x.linear(w, s.tensor(&[0.5, -0.5], &[2])),
         OpKind::Reshape => x.reshape(&[3, 2]),
         OpKind::Permute => x.permute(&[1, 0]),
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]),

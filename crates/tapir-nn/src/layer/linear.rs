@@ -76,10 +76,11 @@ impl Linear {
 
 impl<T: Float> Module<T> for Linear {
     fn forward<'s, 'g>(&self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
-        let y = x.matmul(cx.param(self.weight));
         match self.bias {
-            Some(b) => y + cx.param(b),
-            None => y,
+            // One node for the product and the bias (`Var::linear`): no separate value and
+            // gradient for the product.
+            Some(b) => x.linear(cx.param(self.weight), cx.param(b)),
+            None => x.matmul(cx.param(self.weight)),
         }
     }
 }

@@ -99,6 +99,8 @@ op_kinds! {
     Param => "param",
     /// Batched matrix product.
     MatMul => "matmul",
+    /// Matrix product and bias in one node (a fully connected layer).
+    Linear => "linear",
     /// The same elements under another shape (also squeeze, unsqueeze, flatten).
     Reshape => "reshape",
     /// Axis permutation (also transpose).
@@ -173,6 +175,11 @@ pub(crate) enum Op<'s, T> {
     },
     MatMul {
         a: NodeId<'s>,
+        b: NodeId<'s>,
+    },
+    Linear {
+        x: NodeId<'s>,
+        w: NodeId<'s>,
         b: NodeId<'s>,
     },
     /// The value aliases the input's.
@@ -316,6 +323,7 @@ impl<'s, T> Op<'s, T> {
             Unary { f, .. } => OpKind::Unary(f),
             Binary { f, .. } => OpKind::Binary(f),
             MatMul { .. } => OpKind::MatMul,
+            Linear { .. } => OpKind::Linear,
             Reshape { .. } => OpKind::Reshape,
             Permute { .. } => OpKind::Permute,
             BroadcastTo { .. } => OpKind::BroadcastTo,
@@ -361,6 +369,7 @@ impl<'s, T> Op<'s, T> {
             Binary { a, b, .. } | MatMul { a, b } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
+            Linear { x, w, b } => Inputs::Fixed([x, w, b], 3),
             Concat { first, count, .. } | Custom { first, count, .. } | Checkpoint { first, count, .. } => {
                 Inputs::Stored { at: first, count }
             }
@@ -400,6 +409,7 @@ impl<'s, T: Float> Op<'s, T> {
             Unary { f, x, c } => unary::backward(ctx, out, f, x, c),
             Binary { f, a, b } => binary::backward(ctx, out, f, a, b),
             MatMul { a, b } => matmul::backward(ctx, out, a, b),
+            Linear { x, w, b } => matmul::backward_linear(ctx, out, x, w, b),
             Reshape { x } => shape_ops::backward_reshape(ctx, out, x),
             Permute { x, axes } => shape_ops::backward_permute(ctx, out, x, axes),
             BroadcastTo { x } => shape_ops::backward_broadcast(ctx, out, x),
@@ -439,6 +449,7 @@ impl<'s, T: Float> Op<'s, T> {
             Unary { f, x, c } => unary::grad(ctx, out, g, f, x, c),
             Binary { f, a, b } => binary::grad(ctx, out, g, f, a, b),
             MatMul { a, b } => matmul::grad(ctx, g, a, b),
+            Linear { x, w, b } => matmul::grad_linear(ctx, g, x, w, b),
             Reshape { x } => shape_ops::grad_reshape(ctx, g, x),
             Permute { x, axes } => shape_ops::grad_permute(ctx, g, x, axes),
             BroadcastTo { x } => shape_ops::grad_broadcast(ctx, g, x),

@@ -109,6 +109,7 @@ pub enum Code {
     RepeatedAxes,
     PadAxis,
     ScatterAdd,
+    Linear,
 }
 
 impl Code {
@@ -134,6 +135,7 @@ impl Code {
             | Code::IndexSelect
             | Code::PadAxis
             | Code::ScatterAdd
+            | Code::Linear
             | Code::Var
             | Code::LogSumExp
             | Code::Softmax
@@ -388,6 +390,7 @@ pub const FORMAT1_CODES: &[(u8, Code)] = &[
     (0x48, Code::Conv2d),
     (0x4b, Code::PadAxis),
     (0x4c, Code::ScatterAdd),
+    (0x4f, Code::Linear),
     (0x50, Code::Reduce(ReduceOp::Sum)),
     (0x51, Code::Reduce(ReduceOp::Mean)),
     (0x52, Code::Reduce(ReduceOp::Max)),

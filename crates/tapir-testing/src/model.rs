@@ -230,6 +230,16 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                 None => err("MatMulShape", "matmul"),
             }
         }
+        Step::Linear { x, w, b } => {
+            let (x, w, b) = (s(*x), s(*w), s(*b));
+            let r = x.len();
+            if r < 2 || w.len() != 2 || x[r - 1] != w[0] || b != [w[1]] {
+                return err("InvalidArgument", "linear");
+            }
+            let mut out = x.to_vec();
+            out[r - 1] = w[1];
+            checked("linear", Some(out))
+        }
         Step::Reshape { x, dims } => {
             if valid_dims(dims) && numel(dims) == numel(s(*x)) {
                 Outcome::Ok(dims.clone())

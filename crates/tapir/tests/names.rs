@@ -58,6 +58,7 @@ struct Inputs {
     w: Tensor<f64>,
     img: Tensor<f64>,
     mask: Tensor<f64>,
+    bias: Tensor<f64>,
 }
 
 impl Inputs {
@@ -67,7 +68,8 @@ impl Inputs {
         let w = Tensor::from_vec(vec![0.5, -0.5, 0.25, 0.75, -0.25, 1.0], &[3, 2]).unwrap();
         let img = Tensor::from_vec((0..16).map(|i| f64::from(i) / 16.0).collect(), &[1, 1, 4, 4]).unwrap();
         let mask = Tensor::from_vec(vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0], &[2, 3]).unwrap();
-        Inputs { x, y, w, img, mask }
+        let bias = Tensor::from_vec(vec![0.5, -0.5], &[2]).unwrap();
+        Inputs { x, y, w, img, mask, bias }
     }
 }
 
@@ -118,7 +120,7 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
             }
         }
         OpKind::MatMul => x.matmul(w),
-        OpKind::Linear => x.linear(w, s.tensor(&[0.5, -0.5], &[2])),
+        OpKind::Linear => x.linear(w, s.leaf(&t.bias)),
         OpKind::Reshape => x.reshape(&[3, 2]),
         OpKind::Permute => x.permute(&[1, 0]),
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]),
@@ -223,7 +225,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 29);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 30);
 }
 
 #[test]

@@ -278,6 +278,7 @@ impl Gen<'_> {
             }
             Code::Unary(op) => Step::Unary { op, x: self.pick() },
             Code::MatMul => self.matmul(),
+            Code::Linear => self.linear(),
             Code::Reshape => {
                 let x = self.pick();
                 let dims = if self.valid() {
@@ -645,5 +646,33 @@ impl Gen<'_> {
             }
         };
         Step::MatMul { a, b }
+    }
+
+    /// `x.linear(w, b)`: valid, `w: [k, n]` and `b: [n]` fit `x`'s last dimension `k`
+    /// (existing nodes when some fit, else new constants); invalid, any three nodes.
+    fn linear(&mut self) -> Step {
+        let x = self.pick_where(|s| s.len() >= 2).unwrap_or_else(|| self.pick());
+        let sx = self.shape(x).to_vec();
+        if sx.len() < 2 || !self.valid() {
+            return Step::Linear { x, w: self.pick(), b: self.pick() };
+        }
+        let k = sx[sx.len() - 1];
+        let w = match self.pick_where(|s| s.len() == 2 && s[0] == k) {
+            Some(w) if self.u.chance(1, 2) => w,
+            _ => {
+                let n = self.u.range(1, 4);
+                self.constant(vec![k, n])
+            }
+        };
+        // A constant too large to draw comes back as a scalar: an invalid step then.
+        let n = match *self.shape(w) {
+            [_, n] => n,
+            _ => return Step::Linear { x, w, b: self.pick() },
+        };
+        let b = match self.pick_where(|s| s == [n]) {
+            Some(b) if self.u.chance(1, 2) => b,
+            _ => self.constant(vec![n]),
+        };
+        Step::Linear { x, w, b }
     }
 }

@@ -74,6 +74,7 @@ pub(crate) fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[V
         Step::Clamp { x, lo, hi } => v(*x).clamp(c(*lo), c(*hi)),
         Step::Unary { op, x } => op.apply(v(*x)),
         Step::MatMul { a, b } => v(*a).matmul(v(*b)),
+        Step::Linear { x, w, b } => v(*x).linear(v(*w), v(*b)),
         Step::Reshape { x, dims } => v(*x).reshape(dims),
         Step::Permute { x, axes } => v(*x).permute(axes),
         Step::Transpose { x, a0, a1 } => {

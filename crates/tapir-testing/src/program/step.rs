@@ -236,6 +236,8 @@ pub enum Step {
     Unary { op: UnaryOp, x: usize },
     /// `a.matmul(b)`.
     MatMul { a: usize, b: usize },
+    /// `x.linear(w, b)`.
+    Linear { x: usize, w: usize, b: usize },
     /// `x.reshape(dims)`.
     Reshape { x: usize, dims: Vec<usize> },
     /// `x.permute(axes)`.
@@ -331,6 +333,7 @@ impl Step {
             Step::Unary { op, .. } => op.smooth(),
             Step::Reduce { op, .. } => matches!(op, ReduceOp::Sum | ReduceOp::Mean),
             Step::MatMul { .. }
+            | Step::Linear { .. }
             | Step::Reshape { .. }
             | Step::Permute { .. }
             | Step::Transpose { .. }

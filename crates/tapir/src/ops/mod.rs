@@ -6,7 +6,7 @@
 //! |----------------|---------------------------------------------------------------------------|
 //! | `unary.rs`     | every elementwise `y = f(x)`: one [`UnaryFn`] table, name + forward + `f'` |
 //! | `binary.rs`    | every broadcasting `out = f(a, b)`: one [`BinaryFn`] table                 |
-//! | `matmul.rs`    | `matmul`                                                                  |
+//! | `matmul.rs`    | `matmul`, `linear` (product and bias in one node)                         |
 //! | `shape_ops.rs` | `reshape`, `permute`, `broadcast_to`, `narrow`, `concat`, `index_select`, `where` |
 //! | `scatter.rs`   | `pad_axis`, `scatter_add`: the adjoints of `narrow` and `index_select`    |
 //! | `reduce.rs`    | `sum`, `sum_axes`, `max_axes`, `min_axes`, `logsumexp`                    |

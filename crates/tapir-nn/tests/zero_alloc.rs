@@ -101,8 +101,7 @@ fn warm(pool: &rayon::ThreadPool) {
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
 // `System`'s guarantees carry over; the counter is a plain atomic.
 unsafe impl GlobalAlloc for Counting {
-    // SAFETY: an `unsafe fn` because `GlobalAlloc` says so; the caller's contract is
-    // passed unchanged to `System`.
+    // SAFETY: `GlobalAlloc` makes this an `unsafe fn`; its contract passes on to `System`.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.

@@ -7,7 +7,7 @@ pub(crate) mod id;
 mod report;
 mod scope;
 pub(crate) mod tape;
-pub(crate) use scope::{nested, Scratch};
+pub(crate) use scope::{nested, with_slice, Scratch};
 mod var;
 
 pub use id::NodeId;

@@ -570,27 +570,35 @@ pub(crate) fn nested<'s, T: Float, R>(
             blocks: RefCell::default(),
             _env: PhantomData,
         };
-        // The handles go on the stack (a block has few inputs), else in a `Vec`.
-        const SMALL: usize = 16;
-        let (mut small, mut spill, mut n) = ([scope.core.poison(); SMALL], Vec::new(), 0);
-        for (grad, shape, value) in inputs {
+        let leaves = inputs.map(|(grad, shape, value)| {
             let kind = if grad { Op::Variable } else { Op::Leaf };
-            let v = scope.core.leaf(kind, shape, value);
-            if n < SMALL {
-                small[n] = v;
-            } else {
-                if spill.is_empty() {
-                    spill.extend_from_slice(&small);
-                }
-                spill.push(v);
-            }
-            n += 1;
-        }
-        let out = f(&scope, if n <= SMALL { &small[..n] } else { &spill });
+            scope.core.leaf(kind, shape, value)
+        });
+        let out = with_slice(scope.core.poison(), leaves, |vars| f(&scope, vars));
         scope.core.tape.borrow_mut().drain_into(&mut scratch.spare.borrow_mut());
         out
     };
     drop(arena);
     scratch.arena.borrow_mut().reset();
     out
+}
+
+/// Calls `f` with `items` as a slice: on the stack for up to 16 (a block's or a
+/// checkpoint's few inputs), else in a `Vec`, so the common case allocates nothing.
+/// `fill` pads the unused stack slots.
+pub(crate) fn with_slice<V: Copy, R>(fill: V, items: impl Iterator<Item = V>, f: impl FnOnce(&[V]) -> R) -> R {
+    const SMALL: usize = 16;
+    let (mut small, mut spill, mut n) = ([fill; SMALL], Vec::new(), 0);
+    for v in items {
+        if n < SMALL {
+            small[n] = v;
+        } else {
+            if spill.is_empty() {
+                spill.extend_from_slice(&small);
+            }
+            spill.push(v);
+        }
+        n += 1;
+    }
+    f(if n <= SMALL { &small[..n] } else { &spill })
 }

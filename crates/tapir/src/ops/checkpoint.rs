@@ -474,21 +474,7 @@ pub(crate) fn grad<'s, T: Float>(
         let tape = core.tape.borrow();
         (tape.checkpoints[table as usize], tape.ids().next_back().expect("the checkpoint node is on the tape"))
     };
-    // The handles go on the stack (a block has few inputs), else in a `Vec`.
-    let (mut small, mut spill, mut n) = ([core.poison(); SMALL], Vec::new(), 0);
-    for id in core.tape.borrow().stored_ids(first, entry.inputs) {
-        let v = Var { core, id };
-        if n < SMALL {
-            small[n] = v;
-        } else {
-            if spill.is_empty() {
-                spill.extend_from_slice(&small);
-            }
-            spill.push(v);
-        }
-        n += 1;
-    }
-    let inputs = if n <= SMALL { &small[..n] } else { &spill[..] };
+    let ids: Small<NodeId<'s>> = core.tape.borrow().stored_ids(first, entry.inputs).collect_small();
     let saved = {
         let mut tape = core.tape.borrow_mut();
         let saved = (tape.draws, tape.no_grad);
@@ -497,7 +483,9 @@ pub(crate) fn grad<'s, T: Float>(
         tape.replay = Some((first + entry.inputs, first + count));
         saved
     };
-    let y = scope.replay(table, inputs, entry.part);
+    let y = crate::graph::with_slice(core.poison(), ids.iter().map(|&id| Var { core, id }), |inputs| {
+        scope.replay(table, inputs, entry.part)
+    });
     let replay = {
         let mut tape = core.tape.borrow_mut();
         (tape.draws, tape.no_grad) = saved;

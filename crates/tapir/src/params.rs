@@ -236,6 +236,9 @@ impl<T: Float> ParamStore<T> {
         };
         let mut slots = Vec::new();
         slots.try_reserve_exact(self.tensors.len()).map_err(|_| oom(self.tensors.len().saturating_mul(16)))?;
+        let mut lent_to = Vec::new();
+        lent_to.try_reserve_exact(self.tensors.len()).map_err(|_| oom(self.tensors.len().saturating_mul(4)))?;
+        lent_to.resize(self.tensors.len(), FREE);
         let mut numel = 0usize;
         for t in &self.tensors {
             slots.push((numel, t.shape()));
@@ -244,7 +247,7 @@ impl<T: Float> ParamStore<T> {
         let mut data = Vec::new();
         data.try_reserve_exact(numel).map_err(|_| oom(numel.saturating_mul(std::mem::size_of::<T>())))?;
         data.resize(numel, T::ZERO);
-        Ok(GradBuffer { store: self.id, data, slots })
+        Ok(GradBuffer { store: self.id, data, slots, lent_to, zeroed: true })
     }
 }
 
@@ -259,7 +262,20 @@ pub struct GradBuffer<T: Float = f32> {
     data: Vec<T>,
     /// Each parameter's offset in `data` and shape.
     slots: Vec<(usize, Shape)>,
+    /// Per slot, during [`Scope::backward_into`](crate::Scope::backward_into): the one tape
+    /// node its elements are lent to as that node's gradient, or [`FREE`] / [`SHARED`].
+    lent_to: Vec<u32>,
+    /// Whether every element is known to be zero: set by [`zero`](GradBuffer::zero) and
+    /// on creation, cleared by every writable access. Only a zeroed buffer is lent to a
+    /// backward pass (an error during the pass can then put back exactly what it held).
+    zeroed: bool,
 }
+
+/// [`GradBuffer::lent_to`]: no node on the tape reads the parameter.
+pub(crate) const FREE: u32 = u32::MAX;
+/// [`GradBuffer::lent_to`]: several nodes read the parameter; its slot is not lent, and
+/// their gradients are added to it after the pass.
+pub(crate) const SHARED: u32 = u32::MAX - 1;
 
 /// One parameter's gradient in a [`GradBuffer`]: its elements and shape.
 #[derive(Debug, Clone, Copy)]
@@ -318,6 +334,7 @@ impl<T: Float> GradBuffer<T> {
     /// Sets every gradient to zero (PyTorch's `optimizer.zero_grad()`): one fill.
     pub fn zero(&mut self) {
         self.data.fill(T::ZERO);
+        self.zeroed = true;
     }
 
     /// The identity of the store this buffer was made for (see [`ParamStore::id`]).
@@ -373,6 +390,7 @@ impl<T: Float> GradBuffer<T> {
     #[track_caller]
     pub fn get_mut(&mut self, id: ParamId) -> Result<GradMut<'_, T>> {
         let i = self.slot_index("GradBuffer::get_mut", id)?;
+        self.zeroed = false;
         let range = self.range(i);
         Ok(GradMut { data: &mut self.data[range], shape: self.slots[i].1 })
     }
@@ -394,6 +412,7 @@ impl<T: Float> GradBuffer<T> {
 
     /// Every gradient as one writable slice (for a collective over the whole buffer).
     pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.zeroed = false;
         &mut self.data
     }
 
@@ -408,6 +427,7 @@ impl<T: Float> GradBuffer<T> {
     /// Every gradient, writable, in parameter order (for clipping or scaling).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, GradMut<'_, T>)> {
         let store = self.store;
+        self.zeroed = false;
         let mut rest: &mut [T] = &mut self.data;
         self.slots.iter().enumerate().map(move |(i, &(_, shape))| {
             // The slots tile the buffer in order, so each takes the front of what is left.
@@ -422,7 +442,45 @@ impl<T: Float> GradBuffer<T> {
     }
 
     pub(crate) fn slot_mut(&mut self, index: usize) -> &mut [T] {
+        self.zeroed = false;
         let range = self.range(index);
         &mut self.data[range]
+    }
+
+    /// Plans a backward pass's direct writes: `params` lists the tape's gradient-requesting
+    /// parameter nodes as `(slot, node)`. A slot that exactly one node reads is lent to that
+    /// node; one that several read is [`SHARED`]. Returns `false`, planning nothing, unless
+    /// the buffer is zeroed.
+    pub(crate) fn plan(&mut self, params: impl Iterator<Item = (usize, u32)>) -> bool {
+        if !self.zeroed {
+            return false;
+        }
+        self.lent_to.fill(FREE);
+        for (slot, node) in params {
+            let owner = &mut self.lent_to[slot];
+            *owner = if *owner == FREE { node } else { SHARED };
+        }
+        true
+    }
+
+    /// After [`plan`](GradBuffer::plan): the zeroed flag (cleared; the caller sets it again
+    /// if it zeroes every lent slot back) and `(slot, lent_to, elements)` for every slot
+    /// read by some node, in slot order.
+    pub(crate) fn lend(&mut self) -> (&mut bool, impl Iterator<Item = (usize, u32, &mut [T])>) {
+        self.zeroed = false;
+        let mut rest: &mut [T] = &mut self.data;
+        let slots = self.slots.iter().zip(&self.lent_to).enumerate().filter_map(move |(i, (&(_, shape), &to))| {
+            // The slots tile the buffer in order, so each takes the front of what is left.
+            let (data, tail) = std::mem::take(&mut rest).split_at_mut(shape.numel());
+            rest = tail;
+            (to != FREE).then_some((i, to, data))
+        });
+        (&mut self.zeroed, slots)
+    }
+
+    /// The address range of the elements, to tell a lent slot from an arena buffer.
+    pub(crate) fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.data.as_ptr() as usize;
+        start..start + std::mem::size_of_val(self.data.as_slice())
     }
 }

@@ -205,6 +205,100 @@ fn gradients_accumulate_into_a_buffer_and_mismatches_change_nothing() {
 }
 
 #[test]
+fn backward_into_a_zeroed_buffer_writes_its_slots_and_matches_the_added_path() {
+    let mut store = ParamStore::<f64>::new();
+    let w = store.add("w", t(&[0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &[3, 2])).unwrap();
+    let b = store.add("b", t(&[0.1, -0.2], &[2])).unwrap();
+    let x = t(&[1.0, 2.0, -1.0, 0.5, 0.0, 1.0], &[2, 3]);
+    // L = Σ tanh(x·w + b)² + Σ w⊙w: w is read by three nodes (its slot is shared), b by one
+    // (its slot is lent). dL/db_j = Σ_i 2 tanh(z_ij)(1 − tanh²(z_ij)), z = x·w + b.
+    let z = |i: usize, j: usize| {
+        let (xs, ws, bs) = (x.data(), store.get(w).unwrap().data(), store.get(b).unwrap().data());
+        (0..3).map(|k| xs[i * 3 + k] * ws[k * 2 + j]).sum::<f64>() + bs[j]
+    };
+    let db: Vec<f64> =
+        (0..2).map(|j| (0..2).map(|i| 2.0 * z(i, j).tanh() * (1.0 - z(i, j).tanh().powi(2))).sum()).collect();
+    let mut g = Graph::<f64>::new();
+    // The reference: a plain backward, each node's share of w's gradient added here.
+    let (mut dw, mut lent_in_pass) = (vec![0.0; 6], Vec::new());
+    g.scope(|s| {
+        let (w1, w2, w3, bv) = (s.param(&store, w), s.param(&store, w), s.param(&store, w), s.param(&store, b));
+        let loss = (s.input(&x).matmul(w1) + bv).tanh().square().sum() + (w2 * w3).sum();
+        s.backward(loss).unwrap();
+        for v in [w1, w2, w3] {
+            dw.iter_mut().zip(v.grad().unwrap()).for_each(|(d, g)| *d += g);
+        }
+        assert_close(bv.grad().unwrap(), &db);
+    });
+    let mut run = |grads: &mut tapir::GradBuffer<f64>| {
+        g.scope(|s| {
+            let (w1, w2, w3, bv) = (s.param(&store, w), s.param(&store, w), s.param(&store, w), s.param(&store, b));
+            let loss = (s.input(&x).matmul(w1) + bv).tanh().square().sum() + (w2 * w3).sum();
+            s.backward_into(loss, grads).unwrap();
+            lent_in_pass.push(s.memory_report().lent_bytes);
+            assert_close(bv.grad().unwrap(), &db); // a node's gradient either way
+        })
+    };
+    let mut direct = store.zeros_like().unwrap();
+    run(&mut direct);
+    let mut added = store.zeros_like().unwrap();
+    let _ = added.get_mut(w).unwrap(); // written access: the buffer is no longer known zero
+    run(&mut added);
+    for grads in [&direct, &added] {
+        assert_close(grads.get(w).unwrap().data(), &dw);
+        assert_close(grads.get(b).unwrap().data(), &db);
+    }
+    // A second pass into the written buffer adds: 2 × the gradient.
+    run(&mut direct);
+    assert_close(direct.get(b).unwrap().data(), &[2.0 * db[0], 2.0 * db[1]]);
+    // Only b's two elements were lent, and only to the zeroed buffer's first pass.
+    assert_eq!(lent_in_pass, [16, 0, 0]);
+}
+
+#[test]
+fn backward_into_a_parameter_that_is_the_loss_gets_the_seed() {
+    let mut store = ParamStore::<f64>::new();
+    let c = store.add("c", t(&[3.0], &[])).unwrap();
+    let mut grads = store.zeros_like().unwrap();
+    Graph::<f64>::new().scope(|s| s.backward_into(s.param(&store, c), &mut grads)).unwrap();
+    assert_eq!(grads.get(c).unwrap().data(), &[1.0]);
+}
+
+#[test]
+fn an_error_during_backward_into_leaves_a_zeroed_buffer_zero_and_lendable() {
+    let mut store = ParamStore::<f64>::new();
+    let z = store.add("z", t(&[0.0], &[1])).unwrap();
+    let b = store.add("b", t(&[0.5, -2.0], &[2])).unwrap();
+    let mut grads = store.zeros_like().unwrap();
+    let mut g = Graph::<f64>::new();
+    g.set_anomaly_detection(true);
+    g.scope(|s| {
+        // The walk reaches b's square first (writing 2b into b's lent slot), then sqrt at
+        // 0, whose gradient is infinite.
+        let (zv, bv) = (s.param(&store, z), s.param(&store, b));
+        let loss = zv.sqrt().sum() + bv.square().sum();
+        let e = s.backward_into(loss, &mut grads).unwrap_err();
+        assert!(matches!(e, Error::NonFinite { op: "sqrt", phase: "backward", .. }), "{e}");
+        assert_eq!((bv.grad(), zv.grad()), (None, None), "the lent slots were taken back");
+    });
+    assert!(grads.as_slice().iter().all(|&v| v == 0.0), "{:?}", grads.as_slice());
+    let lent = g.scope(|s| {
+        let loss = s.param(&store, b).square().sum();
+        s.backward_into(loss, &mut grads).unwrap();
+        s.memory_report().lent_bytes
+    });
+    assert_eq!(lent, 16, "the buffer is still known to be zero, so its slots are lent");
+    assert_eq!(grads.get(b).unwrap().data(), &[1.0, -4.0]);
+}
+
+fn assert_close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-12 * (1.0 + w.abs()), "{got:?} vs {want:?}");
+    }
+}
+
+#[test]
 fn operators_read_like_the_math() {
     // f(x, y) = (2x + y) / y - x·3 + 1 - y, at x = 1, y = 2:
     // ∂f/∂x = 2/y - 3 = -2; ∂f/∂y = -2x/y² - 1 = -1.5.

@@ -59,11 +59,34 @@ pub(crate) fn run<'s, T: Float>(
     location: Loc,
     anomaly: bool,
 ) -> Result<()> {
-    let mut grads: NodeMap<'s, Option<&'s mut [T]>> =
-        NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
+    run_with(tape, arena, par, (loss, seed), location, anomaly, |_, _| {}, |_, _| {})
+}
+
+/// The gradient map of one pass, before it is handed back to the tape.
+pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;
+
+/// As [`run`], with `lend` first setting some nodes' gradient buffers (zeroed memory
+/// of the caller's: `backward_into`'s parameter slots), which the walk accumulates into
+/// as into its own, and `undo` run on the map if the pass fails.
+#[allow(clippy::too_many_arguments)] // run's arguments and the two hooks
+pub(crate) fn run_with<'s, T: Float>(
+    tape: &mut Tape<'s, T>,
+    arena: &'s Arena,
+    par: Par,
+    (loss, seed): (NodeId<'s>, Seed<'_, T>),
+    location: Loc,
+    anomaly: bool,
+    lend: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
+    undo: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
+) -> Result<()> {
+    let mut grads: Grads<'s, T> = NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
+    lend(tape, &mut grads);
     let mut custom = std::mem::take(&mut tape.custom_scratch);
     let result = walk(tape, &mut grads, &mut custom, arena, par, (loss, seed), location, anomaly);
+    if result.is_err() {
+        undo(tape, &mut grads);
+    }
     // Whether or not it failed, hand the buffers back: gradients computed so far stay readable.
     tape.grads = grads.map(|g| g.map(|g| &*g));
     tape.custom_scratch = custom.recycle();
@@ -73,7 +96,7 @@ pub(crate) fn run<'s, T: Float>(
 #[allow(clippy::too_many_arguments)] // the walk's whole state, passed once
 fn walk<'s, T: Float>(
     tape: &Tape<'s, T>,
-    grads: &mut NodeMap<'s, Option<&'s mut [T]>>,
+    grads: &mut Grads<'s, T>,
     custom: &mut CustomScratch<'s, T>,
     arena: &'s Arena,
     par: Par,

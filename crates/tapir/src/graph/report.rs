@@ -40,6 +40,10 @@ pub struct MemoryReport {
     pub ops: Vec<OpMemory>,
     /// Bytes of tape (nodes and index payloads) on the heap, beyond the arena.
     pub tape_bytes: usize,
+    /// Bytes of parameter gradients that [`Scope::backward_into`] computed straight into
+    /// the caller's [`GradBuffer`](crate::GradBuffer): not the scope's memory, so not in
+    /// any entry's `grad_bytes`.
+    pub lent_bytes: usize,
     /// The arena now: bytes in use, high-water mark, capacity.
     pub arena: ArenaStats,
 }
@@ -65,6 +69,9 @@ impl fmt::Display for MemoryReport {
             writeln!(f, "{:<16} {:>7} {:>13} {:>13}{note}", o.op, o.nodes, o.value_bytes, o.grad_bytes)?;
         }
         writeln!(f, "owned by the scope: {} bytes; tape: {} bytes", self.owned_bytes(), self.tape_bytes)?;
+        if self.lent_bytes > 0 {
+            writeln!(f, "parameter gradients written into the caller's GradBuffer: {} bytes", self.lent_bytes)?;
+        }
         write!(
             f,
             "arena: {} bytes in use, high-water mark {} bytes, capacity {} bytes",
@@ -96,10 +103,14 @@ impl<T: Float> Scope<'_, '_, T> {
         let tape = self.core.tape.borrow();
         let tape_bytes = tape.bytes();
         let mut ops: Vec<OpMemory> = Vec::new();
+        let mut lent_bytes = 0;
         for id in tape.ids() {
             let node = tape.node(id);
             let op = tape.name_of(&node.op);
-            let grad = tape.grads.get(id).copied().flatten().map_or(0, std::mem::size_of_val);
+            let mut grad = tape.grads.get(id).copied().flatten().map_or(0, std::mem::size_of_val);
+            if tape.grads.get(id).copied().flatten().is_some_and(|g| tape.lent.contains(&(g.as_ptr() as usize))) {
+                (lent_bytes, grad) = (lent_bytes + grad, 0);
+            }
             let entry = match ops.iter().position(|o| o.op == op) {
                 Some(k) => &mut ops[k],
                 None => {
@@ -113,7 +124,7 @@ impl<T: Float> Scope<'_, '_, T> {
             entry.grad_bytes += grad;
         }
         ops.sort_by(|a, b| (b.value_bytes + b.grad_bytes).cmp(&(a.value_bytes + a.grad_bytes)).then(a.op.cmp(b.op)));
-        MemoryReport { ops, tape_bytes, arena: self.core.arena.stats() }
+        MemoryReport { ops, tape_bytes, lent_bytes, arena: self.core.arena.stats() }
     }
 }
 

@@ -382,14 +382,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// gradients do not fit under the limit; [`Error::NonFinite`] from anomaly detection.
     #[track_caller]
     pub fn backward(&'s self, loss: Var<'s, T>) -> Result<()> {
-        self.run_backward("backward", (loss, Seed::One), false, Location::caller(), |_| Ok(()))
+        self.run_backward("backward", (loss, Seed::One), false, Location::caller())
     }
 
     /// As [`backward`](Scope::backward), but leaves the tape usable for another backward
     /// (each pass computes fresh gradients; they are not added to the previous ones).
     #[track_caller]
     pub fn backward_retain(&'s self, loss: Var<'s, T>) -> Result<()> {
-        self.run_backward("backward_retain", (loss, Seed::One), true, Location::caller(), |_| Ok(()))
+        self.run_backward("backward_retain", (loss, Seed::One), true, Location::caller())
     }
 
     /// A vector-Jacobian product, like PyTorch's `out.backward(gradient=dout)`: backward
@@ -415,83 +415,165 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// does not have `out`'s element count.
     #[track_caller]
     pub fn backward_with(&'s self, out: Var<'s, T>, dout: &[T]) -> Result<()> {
-        self.run_backward("backward_with", (out, Seed::Given(dout)), false, Location::caller(), |_| Ok(()))
+        self.run_backward("backward_with", (out, Seed::Given(dout)), false, Location::caller())
     }
 
-    /// As [`backward`](Scope::backward), then adds every parameter's gradient into
-    /// `grads` (`grads[p] += ∂loss/∂p`), which the caller allocates once with
+    /// As [`backward`](Scope::backward), adding every parameter's gradient into `grads`
+    /// (`grads[p] += ∂loss/∂p`), which the caller allocates once with
     /// [`ParamStore::zeros_like`] and clears with [`GradBuffer::zero`].
+    ///
+    /// `grads` stays borrowed for the rest of the scope: when it is zeroed (fresh, or
+    /// [`zero`](GradBuffer::zero) called since it was last written), each parameter that
+    /// one node reads gets its gradient computed straight into the buffer's slot, which is
+    /// that node's gradient buffer for the pass ([`Var::grad`] reads it), instead of into
+    /// the arena and then added: a step then holds one copy of the parameter gradients,
+    /// not two. A parameter read by several nodes (a layer applied twice), and every
+    /// parameter when `grads` already holds gradients (accumulation over micro-batches),
+    /// take the arena and are added after the pass. Either way each node's [`Var::grad`]
+    /// is its own share of the gradient.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut store = tapir::ParamStore::<f64>::new();
+    /// let w = store.add("w", tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?)?;
+    /// let mut grads = store.zeros_like()?;
+    /// let mut g = tapir::Graph::new();
+    /// for _ in 0..2 {
+    ///     g.scope(|s| s.backward_into(s.param(&store, w).square().sum(), &mut grads))?;
+    /// }
+    /// assert_eq!(grads.get(w)?.data(), [4.0, 8.0]); // two steps of 2w, accumulated
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As for `backward`; [`Error::WrongStore`] if `grads` was made for another store
     /// than a parameter's, [`Error::UnknownParam`] if its shapes do not match the store's.
     /// Every check runs before the tape is consumed: on error `grads` is unchanged and the
-    /// tape can still be used.
+    /// tape can still be used. An error during the pass itself (anomaly detection, the
+    /// arena limit, a custom op) leaves `grads` as it was too: the slots written directly
+    /// are zeroed again (what they held), and those nodes read no gradient.
     #[track_caller]
-    pub fn backward_into(&'s self, loss: Var<'s, T>, grads: &mut GradBuffer<T>) -> Result<()> {
-        let location = Location::caller();
+    pub fn backward_into(&'s self, loss: Var<'s, T>, grads: &'s mut GradBuffer<T>) -> Result<()> {
+        let (op, location) = ("backward_into", Location::caller());
         // A parameter node's payload is [index, store identity low, high] (see `param`).
         let decode = |tape: &Tape<'s, T>, at: u32| {
             let e = &tape.extra[at as usize..at as usize + 3];
             (e[0] as usize, u64::from(e[1]) | (u64::from(e[2]) << 32))
         };
-        let check_params = |tape: &Tape<'s, T>| {
-            for node in tape.nodes.iter().map(|n| tape.view(n)) {
-                if let Op::Param(at) = node.op {
-                    let (p, store) = decode(tape, at);
-                    if store != grads.store() {
-                        return Err(Error::WrongStore {
-                            op: "backward_into",
-                            what: "the gradient buffer".into(),
-                            expected: grads.store(),
-                            found: store,
-                            location,
-                        });
+        let mut tape = self.core.tape.borrow_mut();
+        Self::ready(&tape, (loss, Seed::One), op, location)?;
+        for node in tape.nodes.iter().map(|n| tape.view(n)) {
+            if let Op::Param(at) = node.op {
+                let (p, store) = decode(&tape, at);
+                if store != grads.store() {
+                    let (expected, found) = (grads.store(), store);
+                    return Err(Error::WrongStore {
+                        op,
+                        what: "the gradient buffer".into(),
+                        expected,
+                        found,
+                        location,
+                    });
+                }
+                if grads.shape(p) != Some(node.shape) {
+                    let held = grads.shape(p).map_or("no such parameter".to_string(), |s| s.to_string());
+                    let detail =
+                        format!("parameter #{p} has shape {} but the gradient buffer holds {held}", node.shape);
+                    return Err(Error::UnknownParam { op, detail, location });
+                }
+            }
+        }
+        let params = tape.nodes.iter().enumerate().filter_map(|(i, n)| match n.op {
+            Op::Param(at) if n.requires_grad => Some((decode(&tape, at).0, i as u32)),
+            _ => None,
+        });
+        let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
+        if !grads.plan(params) {
+            // The buffer holds gradients already: compute in the arena, then add.
+            backward::run(&mut tape, arena, par, (loss.id, Seed::One), location, anomaly)?;
+            tape.consumed = true;
+            for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
+                if let (Op::Param(at), Some(g)) = (node.op, g) {
+                    crate::kernels::add_assign(grads.slot_mut(decode(&tape, at).0), g);
+                }
+            }
+            return Ok(());
+        }
+        let lent = grads.address_range();
+        let is_lent = |g: &[T]| lent.contains(&(g.as_ptr() as usize));
+        tape.lent = lent.clone();
+        let (zeroed, slots) = grads.lend();
+        let mut shared = recycle(std::mem::take(&mut tape.shared_grads));
+        let result = backward::run_with(
+            &mut tape,
+            arena,
+            par,
+            (loss.id, Seed::One),
+            location,
+            anomaly,
+            |tape, map| {
+                for (slot, to, data) in slots {
+                    // The loss's own gradient is the seed, so a parameter that is the
+                    // loss takes the arena like a shared one.
+                    match tape.id_at(to).filter(|&id| to != crate::params::SHARED && id != loss.id) {
+                        Some(id) => map[id] = Some(data),
+                        None => shared.push((slot, data)),
                     }
-                    if grads.shape(p) != Some(node.shape) {
-                        return Err(Error::UnknownParam {
-                            op: "backward_into",
-                            detail: format!(
-                                "parameter #{p} has shape {} but the gradient buffer holds {}",
-                                node.shape,
-                                grads.shape(p).map_or("no such parameter".to_string(), |s| s.to_string())
-                            ),
-                            location,
-                        });
+                }
+            },
+            |tape, map| {
+                // Put back what the buffer held: zeros.
+                for id in tape.ids() {
+                    if let Some(g) = map[id].take_if(|g| is_lent(g)) {
+                        g.fill(T::ZERO);
+                    }
+                }
+                *zeroed = true;
+            },
+        );
+        if result.is_ok() {
+            tape.consumed = true;
+            for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
+                if let (Op::Param(at), Some(g)) = (node.op, g) {
+                    if let Ok(k) = shared.binary_search_by_key(&decode(&tape, at).0, |e| e.0) {
+                        crate::kernels::add_assign(shared[k].1, g);
                     }
                 }
             }
-            Ok(())
-        };
-        self.run_backward("backward_into", (loss, Seed::One), false, location, check_params)?;
-        let tape = self.core.tape.borrow();
-        for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
-            if let (Op::Param(at), Some(g)) = (node.op, g) {
-                crate::kernels::add_assign(grads.slot_mut(decode(&tape, at).0), g);
-            }
+        } else {
+            tape.lent = 0..0;
         }
-        Ok(())
+        tape.shared_grads = recycle(shared);
+        result
     }
 
-    /// Runs every check (the scope's error, a consumed tape, the seed, `check`) before
-    /// the pass, so that a failed check leaves the tape as it was.
-    fn run_backward(
-        &'s self,
-        op: &'static str,
+    /// The checks every backward pass runs first, so that a failed one leaves the tape
+    /// as it was: the scope's error, a consumed tape, the seed.
+    fn ready(
+        tape: &Tape<'s, T>,
         (out, seed): (Var<'s, T>, Seed<'_, T>),
-        retain: bool,
+        op: &'static str,
         location: Loc,
-        check: impl FnOnce(&Tape<'s, T>) -> Result<()>,
     ) -> Result<()> {
-        let mut tape = self.core.tape.borrow_mut();
         if let Some(e) = &tape.error {
             return Err(e.clone());
         }
         if tape.consumed {
             return Err(Error::BackwardTwice { location });
         }
-        backward::check(&tape, out.id, seed, op, location)?;
-        check(&tape)?;
+        backward::check(tape, out.id, seed, op, location)
+    }
+
+    /// Runs every check (see [`ready`](Scope::ready)) before the pass.
+    fn run_backward(
+        &'s self,
+        op: &'static str,
+        (out, seed): (Var<'s, T>, Seed<'_, T>),
+        retain: bool,
+        location: Loc,
+    ) -> Result<()> {
+        let mut tape = self.core.tape.borrow_mut();
+        Self::ready(&tape, (out, seed), op, location)?;
         backward::run(&mut tape, self.core.arena, self.core.par, (out.id, seed), location, self.core.anomaly)?;
         tape.consumed = !retain;
         Ok(())

@@ -76,6 +76,13 @@ pub(crate) struct Tape<'s, T> {
     /// block's parameter reads take these nodes in order instead of recording new ones
     /// (see `ops/checkpoint.rs`).
     pub replay: Option<(u32, u32)>,
+    /// The addresses of the caller's gradient buffer while `backward_into` writes
+    /// parameters' gradients straight into it (empty otherwise): a gradient in this range
+    /// is not the arena's (see `Scope::memory_report`).
+    pub lent: std::ops::Range<usize>,
+    /// `backward_into`'s list of the buffer's slots that several nodes read, by slot
+    /// index, kept for its capacity.
+    pub shared_grads: Vec<(usize, &'s mut [T])>,
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -90,6 +97,7 @@ pub(crate) struct Spare<T: 'static> {
     locs: Vec<Loc>,
     grads: Vec<Option<&'static [T]>>,
     slots: Vec<Slot<'static>>,
+    shared_grads: Vec<(usize, &'static mut [T])>,
 }
 
 /// One node's entry in the side table of a recorded gradient (see `graph/grad.rs`).
@@ -129,6 +137,8 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             step: 0,
             draws: 0,
             replay: None,
+            lent: 0..0,
+            shared_grads: recycle(std::mem::take(&mut spare.shared_grads)),
         }
     }
 
@@ -142,6 +152,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.grads = Vec::new();
         spare.checkpoints = Vec::new();
         spare.slots = Vec::new();
+        spare.shared_grads = Vec::new();
     }
 
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
@@ -149,6 +160,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.nodes = recycle(std::mem::take(&mut self.nodes));
         spare.grads = recycle(std::mem::take(&mut self.grads).into_vec());
         spare.slots = recycle(std::mem::take(&mut self.slots).into_vec());
+        spare.shared_grads = recycle(std::mem::take(&mut self.shared_grads));
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);
@@ -161,10 +173,16 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
     }
 
     /// The ids of every node, in tape order. With [`push`](Tape::push) and
-    /// [`stored_ids`](Tape::stored_ids), the only places that mint ids.
+    /// [`stored_ids`](Tape::stored_ids) and [`id_at`](Tape::id_at), the only places that
+    /// mint ids.
     pub(crate) fn ids(&self) -> impl DoubleEndedIterator<Item = NodeId<'s>> {
         // `push` keeps the length below u32::MAX.
         (0..self.nodes.len() as u32).map(NodeId::new)
+    }
+
+    /// The id of the node at position `raw`, if there is one.
+    pub(crate) fn id_at(&self, raw: u32) -> Option<NodeId<'s>> {
+        ((raw as usize) < self.nodes.len()).then(|| NodeId::new(raw))
     }
 
     /// The ids from the first node through `last`, in tape order.

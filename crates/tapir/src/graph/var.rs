@@ -95,7 +95,10 @@ impl<'s, T: Float> Var<'s, T> {
 
     /// The gradient from the last backward pass, or `None` if there was none, the node
     /// requires no gradient, or no path from the loss reached it. A gradient that a
-    /// backward pass computed stays readable after a later op fails.
+    /// backward pass computed stays readable after a later op fails. After
+    /// [`Scope::backward_into`](crate::Scope::backward_into) into a zeroed buffer, a
+    /// parameter's gradient is its slot in the buffer: zeros, not `None`, if the loss does
+    /// not reach it.
     pub fn grad(self) -> Option<&'s [T]> {
         self.core.tape.borrow().grads.get(self.id).copied().flatten()
     }

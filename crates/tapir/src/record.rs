@@ -152,9 +152,35 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
     pub(crate) custom: &'a mut CustomScratch<'s, T>,
     pub par: Par,
     pub(crate) location: Loc,
+    /// In a pass that releases intermediate gradients (`backward_into`): the buffers of
+    /// nodes whose backward has run, which later first uses take before the arena.
+    pub(crate) spare: Option<&'a mut Vec<&'s mut [T]>>,
+}
+
+/// How many of the most recently released buffers a fresh gradient looks through for one
+/// of its length: bounded, so that a pass over many distinct sizes stays linear.
+const SPARE_LOOKUP: usize = 8;
+
+/// A released buffer of exactly `n` elements, zeroed, if one of the last few is.
+#[inline]
+fn take_spare<'s, T: Float>(spare: &mut Option<&mut Vec<&'s mut [T]>>, n: usize) -> Option<&'s mut [T]> {
+    let spare = spare.as_deref_mut()?;
+    let from = spare.len().saturating_sub(SPARE_LOOKUP);
+    let k = (from..spare.len()).rev().find(|&k| spare[k].len() == n)?;
+    let g = spare.swap_remove(k);
+    g.fill(T::ZERO);
+    Some(g)
 }
 
 impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
+    /// A zeroed gradient buffer of `n` elements: a released one (see `spare`) or the arena's.
+    pub fn fresh_grad(&mut self, n: usize) -> Result<&'s mut [T]> {
+        match take_spare(&mut self.spare, n) {
+            Some(g) => Ok(g),
+            None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location)),
+        }
+    }
+
     #[inline]
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
         self.tape.value(id)
@@ -196,8 +222,11 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         let (dout, slot) = self.grads.pair_mut(out, input);
         let dout = dout.as_deref().expect("backward visits only nodes whose gradient exists");
         if slot.is_none() {
-            let g =
-                self.arena.alloc_zeroed(node.shape.numel()).map_err(|e| alloc_error(e, "backward", self.location))?;
+            let n = node.shape.numel();
+            let g = match take_spare(&mut self.spare, n) {
+                Some(g) => g,
+                None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location))?,
+            };
             *slot = Some(g);
         }
         Ok(slot.as_deref_mut().map(|g| (dout, g)))

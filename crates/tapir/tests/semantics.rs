@@ -291,6 +291,43 @@ fn an_error_during_backward_into_leaves_a_zeroed_buffer_zero_and_lendable() {
     assert_eq!(grads.get(b).unwrap().data(), &[1.0, -4.0]);
 }
 
+#[test]
+fn backward_into_reuses_the_buffers_of_consumed_intermediate_gradients() {
+    // h_{k+1} = tanh(h_k · w_k), three layers, x [2, 4] and w_k [4, 4] all leaves (no
+    // parameters, so nothing is lent and the difference is the release alone).
+    let x = t(&[0.5, -1.0, 0.25, 2.0, -0.5, 1.5, 1.0, -2.0], &[2, 4]);
+    let w: Vec<Tensor<f64>> = (0..3)
+        .map(|k| t(&(0..16).map(|i| ((i * 7 + k * 3) % 11) as f64 / 11.0 - 0.5).collect::<Vec<_>>(), &[4, 4]))
+        .collect();
+    let store = ParamStore::<f64>::new();
+    let run = |release: bool| {
+        let mut g = Graph::<f64>::new();
+        let mut grads = store.zeros_like().unwrap();
+        let (gx, gw, report, hidden_grad) = g.scope(|s| {
+            let (xv, wv) = (s.leaf(&x), [s.leaf(&w[0]), s.leaf(&w[1]), s.leaf(&w[2])]);
+            let h0 = xv.matmul(wv[0]).tanh();
+            let loss = h0.matmul(wv[1]).tanh().matmul(wv[2]).tanh().sum();
+            if release { s.backward_into(loss, &mut grads) } else { s.backward(loss) }.unwrap();
+            let gw: Vec<Vec<f64>> = wv.iter().map(|v| v.grad().unwrap().to_vec()).collect();
+            (xv.grad().unwrap().to_vec(), gw, s.memory_report(), h0.grad().is_some())
+        });
+        (gx, gw, report, hidden_grad, g.stats().arena.high_water)
+    };
+    let (kept, released) = (run(false), run(true));
+    // The same gradients for every leaf either way.
+    assert_close(&released.0, &kept.0);
+    for (r, k) in released.1.iter().zip(&kept.1) {
+        assert_close(r, k);
+    }
+    // Intermediate gradients are kept by `backward` only.
+    assert_eq!((kept.3, released.3), (true, false));
+    // Of the seven [2, 4] gradients `backward` allocates (six intermediate nodes and x),
+    // the releasing pass allocates two and reuses them alternately; x takes one of them.
+    // What is left unreused at the end: the seed (1 element) and the other [2, 4] buffer.
+    assert_eq!(kept.4 - released.4, 5 * 8 * 8, "arena high-water marks {} and {}", kept.4, released.4);
+    assert_eq!((kept.2.released_bytes, released.2.released_bytes), (0, 8 + 8 * 8));
+}
+
 fn assert_close(got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {

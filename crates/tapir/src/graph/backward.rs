@@ -14,6 +14,7 @@ use crate::graph::id::NodeMap;
 use crate::graph::tape::{recycle, Tape};
 use crate::graph::NodeId;
 use crate::ops::custom::CustomScratch;
+use crate::ops::Op;
 use crate::record::{alloc_error, BackwardCtx};
 use crate::storage::Arena;
 use crate::Float;
@@ -59,7 +60,7 @@ pub(crate) fn run<'s, T: Float>(
     location: Loc,
     anomaly: bool,
 ) -> Result<()> {
-    run_with(tape, arena, par, (loss, seed), location, anomaly, |_, _| {}, |_, _| {})
+    run_with(tape, arena, par, (loss, seed), location, (anomaly, false), |_, _| {}, |_, _| {})
 }
 
 /// The gradient map of one pass, before it is handed back to the tape.
@@ -67,7 +68,10 @@ pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;
 
 /// As [`run`], with `lend` first setting some nodes' gradient buffers (zeroed memory
 /// of the caller's: `backward_into`'s parameter slots), which the walk accumulates into
-/// as into its own, and `undo` run on the map if the pass fails.
+/// as into its own, and `undo` run on the map if the pass fails. With `release`, each
+/// node that is not a leaf gives its gradient buffer up once its own backward has run,
+/// for a later first use of the same length to take instead of the arena: the gradients
+/// of intermediate nodes are then not kept (`Var::grad` reads `None` for them).
 #[allow(clippy::too_many_arguments)] // run's arguments and the two hooks
 pub(crate) fn run_with<'s, T: Float>(
     tape: &mut Tape<'s, T>,
@@ -75,7 +79,7 @@ pub(crate) fn run_with<'s, T: Float>(
     par: Par,
     (loss, seed): (NodeId<'s>, Seed<'_, T>),
     location: Loc,
-    anomaly: bool,
+    (anomaly, release): (bool, bool),
     lend: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
     undo: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
 ) -> Result<()> {
@@ -83,7 +87,14 @@ pub(crate) fn run_with<'s, T: Float>(
     grads.resize_with(tape.nodes.len(), || None);
     lend(tape, &mut grads);
     let mut custom = std::mem::take(&mut tape.custom_scratch);
-    let result = walk(tape, &mut grads, &mut custom, arena, par, (loss, seed), location, anomaly);
+    let mut spare = std::mem::take(&mut tape.spare_grads);
+    let pool = release.then_some(&mut spare);
+    let result = walk(tape, &mut grads, &mut custom, pool, arena, par, (loss, seed), location, anomaly);
+    // What no later first use took stays the arena's until the scope ends (the memory
+    // report counts it).
+    tape.released_bytes = spare.iter().map(|g| std::mem::size_of_val(&**g)).sum();
+    spare.clear();
+    tape.spare_grads = spare;
     if result.is_err() {
         undo(tape, &mut grads);
     }
@@ -98,6 +109,7 @@ fn walk<'s, T: Float>(
     tape: &Tape<'s, T>,
     grads: &mut Grads<'s, T>,
     custom: &mut CustomScratch<'s, T>,
+    spare: Option<&mut Vec<&'s mut [T]>>,
     arena: &'s Arena,
     par: Par,
     (loss, seed): (NodeId<'s>, Seed<'_, T>),
@@ -109,7 +121,7 @@ fn walk<'s, T: Float>(
         Seed::Given(g) => arena.alloc_iter(g.iter().copied()),
     };
     grads[loss] = Some(first.map_err(|e| alloc_error(e, "backward", location))?);
-    let mut ctx = BackwardCtx { tape, grads, arena, custom, par, location };
+    let mut ctx = BackwardCtx { tape, grads, arena, custom, par, location, spare };
     for id in tape.ids_through(loss).rev() {
         let node = tape.nodes[id.index()];
         if !node.requires_grad || ctx.grads[id].is_none() {
@@ -118,6 +130,11 @@ fn walk<'s, T: Float>(
         node.op.backward(&mut ctx, id)?;
         if anomaly {
             check_finite(&ctx, id)?;
+        }
+        if let Some(spare) = ctx.spare.as_deref_mut() {
+            if !matches!(node.op, Op::Leaf | Op::Variable | Op::Param(_)) {
+                spare.extend(ctx.grads[id].take());
+            }
         }
     }
     Ok(())

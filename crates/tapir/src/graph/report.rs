@@ -44,6 +44,10 @@ pub struct MemoryReport {
     /// the caller's [`GradBuffer`](crate::GradBuffer): not the scope's memory, so not in
     /// any entry's `grad_bytes`.
     pub lent_bytes: usize,
+    /// Bytes of arena gradient buffers that [`Scope::backward_into`] released (the
+    /// gradients of intermediate nodes, once consumed) and no later node reused: still the
+    /// scope's until it ends, so counted in [`owned_bytes`](MemoryReport::owned_bytes).
+    pub released_bytes: usize,
     /// The arena now: bytes in use, high-water mark, capacity.
     pub arena: ArenaStats,
 }
@@ -52,7 +56,9 @@ impl MemoryReport {
     /// Bytes of values and gradients the scope allocated itself (entries not `shared`,
     /// and every gradient).
     pub fn owned_bytes(&self) -> usize {
-        self.ops.iter().map(|o| if o.shared { o.grad_bytes } else { o.value_bytes + o.grad_bytes }).sum()
+        let ops: usize =
+            self.ops.iter().map(|o| if o.shared { o.grad_bytes } else { o.value_bytes + o.grad_bytes }).sum();
+        ops + self.released_bytes
     }
 
     /// The most bytes the arena has held at once.
@@ -69,6 +75,9 @@ impl fmt::Display for MemoryReport {
             writeln!(f, "{:<16} {:>7} {:>13} {:>13}{note}", o.op, o.nodes, o.value_bytes, o.grad_bytes)?;
         }
         writeln!(f, "owned by the scope: {} bytes; tape: {} bytes", self.owned_bytes(), self.tape_bytes)?;
+        if self.released_bytes > 0 {
+            writeln!(f, "released gradient buffers not reused: {} bytes", self.released_bytes)?;
+        }
         if self.lent_bytes > 0 {
             writeln!(f, "parameter gradients written into the caller's GradBuffer: {} bytes", self.lent_bytes)?;
         }
@@ -124,7 +133,8 @@ impl<T: Float> Scope<'_, '_, T> {
             entry.grad_bytes += grad;
         }
         ops.sort_by(|a, b| (b.value_bytes + b.grad_bytes).cmp(&(a.value_bytes + a.grad_bytes)).then(a.op.cmp(b.op)));
-        MemoryReport { ops, tape_bytes, lent_bytes, arena: self.core.arena.stats() }
+        let released_bytes = tape.released_bytes;
+        MemoryReport { ops, tape_bytes, lent_bytes, released_bytes, arena: self.core.arena.stats() }
     }
 }
 

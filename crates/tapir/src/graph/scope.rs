@@ -432,6 +432,13 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// take the arena and are added after the pass. Either way each node's [`Var::grad`]
     /// is its own share of the gradient.
     ///
+    /// As PyTorch's `loss.backward()` keeps `.grad` on leaves only, the pass keeps the
+    /// gradients of leaves and parameters, and releases each other node's gradient buffer
+    /// once its backward has consumed it; a later node's first gradient of the same length
+    /// reuses it, so a deep network holds a few activation gradients at a time, not one
+    /// per layer. [`Var::grad`] of an intermediate node then reads `None`; use
+    /// [`backward`](Scope::backward) to keep them all.
+    ///
     /// ```
     /// # fn main() -> Result<(), tapir::Error> {
     /// let mut store = tapir::ParamStore::<f64>::new();
@@ -490,7 +497,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
         if !grads.plan(params) {
             // The buffer holds gradients already: compute in the arena, then add.
-            backward::run(&mut tape, arena, par, (loss.id, Seed::One), location, anomaly)?;
+            let (seed, flags) = ((loss.id, Seed::One), (anomaly, true));
+            backward::run_with(&mut tape, arena, par, seed, location, flags, |_, _| {}, |_, _| {})?;
             tape.consumed = true;
             for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
                 if let (Op::Param(at), Some(g)) = (node.op, g) {
@@ -510,7 +518,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             par,
             (loss.id, Seed::One),
             location,
-            anomaly,
+            (anomaly, true),
             |tape, map| {
                 for (slot, to, data) in slots {
                     // The loss's own gradient is the seed, so a parameter that is the

@@ -83,6 +83,11 @@ pub(crate) struct Tape<'s, T> {
     /// `backward_into`'s list of the buffer's slots that several nodes read, by slot
     /// index, kept for its capacity.
     pub shared_grads: Vec<(usize, &'s mut [T])>,
+    /// A releasing pass's gradient buffers of nodes whose backward has run, kept for its
+    /// capacity between passes (see `backward::run_with`).
+    pub spare_grads: Vec<&'s mut [T]>,
+    /// Bytes of gradient buffers that the last releasing pass gave up and nothing reused.
+    pub released_bytes: usize,
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -98,6 +103,7 @@ pub(crate) struct Spare<T: 'static> {
     grads: Vec<Option<&'static [T]>>,
     slots: Vec<Slot<'static>>,
     shared_grads: Vec<(usize, &'static mut [T])>,
+    spare_grads: Vec<&'static mut [T]>,
 }
 
 /// One node's entry in the side table of a recorded gradient (see `graph/grad.rs`).
@@ -139,6 +145,8 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             replay: None,
             lent: 0..0,
             shared_grads: recycle(std::mem::take(&mut spare.shared_grads)),
+            spare_grads: recycle(std::mem::take(&mut spare.spare_grads)),
+            released_bytes: 0,
         }
     }
 
@@ -153,6 +161,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.checkpoints = Vec::new();
         spare.slots = Vec::new();
         spare.shared_grads = Vec::new();
+        spare.spare_grads = Vec::new();
     }
 
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
@@ -161,6 +170,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.grads = recycle(std::mem::take(&mut self.grads).into_vec());
         spare.slots = recycle(std::mem::take(&mut self.slots).into_vec());
         spare.shared_grads = recycle(std::mem::take(&mut self.shared_grads));
+        spare.spare_grads = recycle(std::mem::take(&mut self.spare_grads));
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);

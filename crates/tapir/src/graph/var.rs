@@ -98,7 +98,8 @@ impl<'s, T: Float> Var<'s, T> {
     /// backward pass computed stays readable after a later op fails. After
     /// [`Scope::backward_into`](crate::Scope::backward_into) into a zeroed buffer, a
     /// parameter's gradient is its slot in the buffer: zeros, not `None`, if the loss does
-    /// not reach it.
+    /// not reach it; and an intermediate node (not a leaf or parameter) keeps no gradient
+    /// after `backward_into`, which reuses its buffer.
     pub fn grad(self) -> Option<&'s [T]> {
         self.core.tape.borrow().grads.get(self.id).copied().flatten()
     }

@@ -43,7 +43,7 @@ use crate::graph::core::Core;
 use crate::graph::{nested, NodeId, Scope, Scratch, Var};
 use crate::kernels;
 use crate::ops::{Op, OpKind};
-use crate::record::{alloc_error, BackwardCtx, GradCtx};
+use crate::record::{BackwardCtx, GradCtx};
 use crate::Float;
 
 /// A block of ops to checkpoint: its intermediate values are not kept for backward but
@@ -589,10 +589,10 @@ fn replay<T: Float>(inner: &Scope<'_, '_, T>, step: u64, draws: u64) {
 fn add_grad<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, g: &[T]) -> Result<()> {
     match &mut ctx.grads[id] {
         Some(slot) => kernels::add_assign(slot, g),
-        slot @ None => {
-            let fresh =
-                ctx.arena.alloc_iter(g.iter().copied()).map_err(|e| alloc_error(e, "backward", ctx.location))?;
-            *slot = Some(fresh);
+        None => {
+            let fresh = ctx.fresh_grad(g.len())?;
+            fresh.copy_from_slice(g);
+            ctx.grads[id] = Some(fresh);
         }
     }
     Ok(())

@@ -28,7 +28,7 @@ use crate::error::{Error, Loc, Result};
 use crate::graph::{NodeId, Scope, Var};
 use crate::kernels;
 use crate::ops::Op;
-use crate::record::{alloc_error, BackwardCtx, GradCtx, Rec};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
 use crate::Float;
 
@@ -627,7 +627,7 @@ fn backward_with<'s, T: Float>(
         } else {
             // On failure, the slots taken so far are the first ones, in order, and the
             // caller puts them back.
-            Some(ctx.arena.alloc_zeroed(ctx.shape(id).numel()).map_err(|e| alloc_error(e, "backward", ctx.location))?)
+            Some(ctx.fresh_grad(ctx.shape(id).numel())?)
         };
         scratch.grads.push(slot);
     }

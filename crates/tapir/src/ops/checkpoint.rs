@@ -431,7 +431,10 @@ pub(crate) fn backward<'s, T: Float>(
         if !itape.node(y.id).requires_grad {
             return Ok(());
         }
-        backward::run(&mut itape, inner.core.arena, nest.par, (y.id, Seed::Given(dout)), entry.location, nest.anomaly)?;
+        // Releasing, as `backward_into`: of the block's gradients only its leaves' (the
+        // inputs and parameters, read below) are needed, so each other buffer is reused.
+        let (arena, seed, flags) = (inner.core.arena, (y.id, Seed::Given(dout)), (nest.anomaly, true));
+        backward::run_with(&mut itape, arena, nest.par, seed, entry.location, flags, |_, _| {}, |_, _| {})?;
         let param_ids = itape.ids().filter(|&id| matches!(itape.node(id).op, Op::Param(_)));
         let pairs = vars.iter().map(|v| v.id).zip(tape.stored_ids(first, entry.inputs)).chain(param_ids.zip(params()));
         for (inner_id, outer_id) in pairs {

@@ -50,29 +50,17 @@ pub(crate) fn check<'s, T: Float>(
     Ok(())
 }
 
-/// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`. The
-/// caller has run [`check`].
-pub(crate) fn run<'s, T: Float>(
-    tape: &mut Tape<'s, T>,
-    arena: &'s Arena,
-    par: Par,
-    (loss, seed): (NodeId<'s>, Seed<'_, T>),
-    location: Loc,
-    anomaly: bool,
-) -> Result<()> {
-    run_with(tape, arena, par, (loss, seed), location, (anomaly, false), |_, _| {}, |_, _| {})
-}
-
 /// The gradient map of one pass, before it is handed back to the tape.
 pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;
 
-/// As [`run`], with `lend` first setting some nodes' gradient buffers (zeroed memory
+/// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`; the
+/// caller has run [`check`]. `lend` first sets some nodes' gradient buffers (zeroed memory
 /// of the caller's: `backward_into`'s parameter slots), which the walk accumulates into
 /// as into its own, and `undo` run on the map if the pass fails. With `release`, each
 /// node that is not a leaf gives its gradient buffer up once its own backward has run,
 /// for a later first use of the same length to take instead of the arena: the gradients
 /// of intermediate nodes are then not kept (`Var::grad` reads `None` for them).
-#[allow(clippy::too_many_arguments)] // run's arguments and the two hooks
+#[allow(clippy::too_many_arguments)] // the pass and the two hooks
 pub(crate) fn run_with<'s, T: Float>(
     tape: &mut Tape<'s, T>,
     arena: &'s Arena,

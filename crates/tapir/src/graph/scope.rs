@@ -582,7 +582,8 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     ) -> Result<()> {
         let mut tape = self.core.tape.borrow_mut();
         Self::ready(&tape, (out, seed), op, location)?;
-        backward::run(&mut tape, self.core.arena, self.core.par, (out.id, seed), location, self.core.anomaly)?;
+        let (arena, par, flags) = (self.core.arena, self.core.par, (self.core.anomaly, false));
+        backward::run_with(&mut tape, arena, par, (out.id, seed), location, flags, |_, _| {}, |_, _| {})?;
         tape.consumed = !retain;
         Ok(())
     }

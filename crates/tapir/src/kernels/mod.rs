@@ -217,6 +217,13 @@ pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
 /// derivatives are the same branch-free formulas.
 #[inline]
 pub(crate) fn map_grad<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
+    map_grad_loop(dout, x, y, dx, d);
+}
+
+/// The loop of [`map_grad`], always inlined, so that under dispatch it is compiled for the
+/// dispatched instruction set (an out-of-line [`map_grad`] stayed at the baseline one).
+#[inline(always)]
+fn map_grad_loop<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
     for (((g, &go), &xv), &yv) in dx.iter_mut().zip(dout).zip(x).zip(y) {
         *g += go * d(xv, yv);
     }
@@ -228,7 +235,7 @@ pub(crate) fn map_grad_long<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T]
     simd::run(
         dx.len(),
         #[inline(always)]
-        || map_grad(dout, x, y, dx, d),
+        || map_grad_loop(dout, x, y, dx, d),
     );
 }
 
@@ -412,12 +419,12 @@ fn softmax_row<T: Float>(row: &[T], out: &mut [T], log: bool) {
     for &v in row {
         m = m.max(v);
     }
-    map(row, out, |v| (v - m).exp());
+    map(row, out, move |v| (v - m).exp());
     let lse = m + sum(out).ln();
     if log {
-        map(row, out, |v| v - lse);
+        map(row, out, move |v| v - lse);
     } else {
-        map(row, out, |v| (v - lse).exp());
+        map(row, out, move |v| (v - lse).exp());
     }
 }
 

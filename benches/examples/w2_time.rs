@@ -32,6 +32,7 @@ fn time(steps: usize, mut f: impl FnMut()) -> f64 {
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|s| s.parse().ok()).collect();
     let (threads, reps) = (args.first().copied().unwrap_or(1), args.get(1).copied().unwrap_or(7));
+    tapir::init_threads(threads).expect("no parallel work before this");
     let mut g = benches::graph(threads);
     let par = benches::par(threads);
     let (mut mlp, mut faer_mlp) = (benches::Mlp::new(), benches::FaerMlp::new());

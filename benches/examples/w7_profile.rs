@@ -24,6 +24,7 @@ fn main() {
     let mode = args.first().map_or("both", String::as_str);
     let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+    tapir::init_threads(threads).expect("no parallel work before this");
     let mut g = benches::graph(threads);
     let mut m = benches::MlpHvp::new();
     let mut out = m.out();

@@ -21,6 +21,7 @@ fn main() {
         }
     };
     let threads = benches::threads();
+    tapir::init_threads(threads).expect("no parallel work before this");
     let mut g = benches::graph(threads);
     let mut mlp = benches::DeepMlp::new(checkpoint);
     let mut times = Vec::new();

@@ -9,7 +9,10 @@
 //! same thread settings through the environment: `RAYON_NUM_THREADS`, `MATMUL_NUM_THREADS`
 //! (burn-ndarray's matrixmultiply), `CANDLE_NUM_THREADS`, `OMP_NUM_THREADS`/`MKL_NUM_THREADS`
 //! (PyTorch) and Tapir's `Graph::set_threads`. The children run on a thread with a large
-//! stack because candle both sorts and drops its graph recursively.
+//! stack because candle both sorts and drops its graph recursively; that thread builds
+//! rayon's pool with itself in it (`tapir::init_threads`), as PyTorch's calling thread is
+//! one of its OpenMP team, so every in-process system splits its work over exactly
+//! `--threads` threads.
 
 mod alloc_count;
 mod burn_peer;
@@ -112,6 +115,9 @@ fn child(args: &[String]) {
     let w5: usize = w5.parse().expect("W5_STEPS is a number");
     let (system, workload) = (system.clone(), workload.clone());
     let worker = std::thread::Builder::new().stack_size(4 << 30).spawn(move || {
+        // This thread is one of the pool's, as a program's `main` is after
+        // `tapir::init_threads`: it takes its share of each split instead of waiting.
+        tapir::init_threads(threads).expect("the first parallel work of this process");
         let mut p = make_peer(&system, threads);
         println!("INFO threads {}", p.threads());
         println!("INFO version {}", p.version());
@@ -369,7 +375,10 @@ fn main() {
     let mut systems = o.systems.clone();
     if systems.iter().any(|s| s.starts_with("torch")) {
         if let Err(why) = importable("torch") {
-            println!("PyTorch: skipped, `import torch` failed in {} ({why}); `just compare-setup` installs it.", python());
+            println!(
+                "PyTorch: skipped, `import torch` failed in {} ({why}); `just compare-setup` installs it.",
+                python()
+            );
             systems.retain(|s| !s.starts_with("torch"));
         }
     }

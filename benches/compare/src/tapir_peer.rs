@@ -21,7 +21,16 @@ pub struct Tapir {
 
 impl Tapir {
     pub fn new(threads: usize) -> Tapir {
-        Tapir { threads, graph: benches::graph(threads), w1: None, w2: None, w7: None, w10: None, w8: None, leaves: Vec::new() }
+        Tapir {
+            threads,
+            graph: benches::graph(threads),
+            w1: None,
+            w2: None,
+            w7: None,
+            w10: None,
+            w8: None,
+            leaves: Vec::new(),
+        }
     }
 
     fn leaf(&mut self, numel: usize) -> Tensor<f32> {

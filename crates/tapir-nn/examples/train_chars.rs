@@ -238,6 +238,8 @@ struct History {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    // The calling thread joins rayon's pool, so each split runs on `--threads` threads.
+    let threads = tapir::init_threads(args.threads)?;
     let text = load_text()?;
     let split = text.len() * 9 / 10;
     let (train, val) = text.split_at(split);
@@ -270,7 +272,7 @@ fn main() -> Result<()> {
     let mut opt = AdamW::new(&store, schedule.lr(0), 0.01)?.betas(0.9, 0.95)?;
     let mut grads = store.zeros_like()?;
     let mut graph = Graph::<f32>::new();
-    graph.set_threads(args.threads);
+    graph.set_threads(threads);
     let evals = eval_batches(val);
     // Periodic evaluations use the first 8 batches (32k characters); the final one all.
     let quick = &evals[..evals.len().min(8)];

@@ -167,6 +167,8 @@ struct History {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    // The calling thread joins rayon's pool, so each split runs on `--threads` threads.
+    let threads = tapir::init_threads(args.threads)?;
     let name = if args.cnn { "cnn" } else { "mlp" };
     let (train, test) = load_digits()?;
     println!(
@@ -187,7 +189,7 @@ fn main() -> Result<()> {
     let mut opt = Adam::new(&store, schedule.lr(0))?;
     let mut grads = store.zeros_like()?;
     let mut graph = Graph::<f32>::new();
-    graph.set_threads(args.threads);
+    graph.set_threads(threads);
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed.wrapping_add(1));
     let mut order: Vec<usize> = (0..train.len()).collect();
     let mut history = History::default();

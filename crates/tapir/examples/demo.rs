@@ -61,8 +61,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
+    // The calling thread joins rayon's pool, so each split runs on `--threads` threads.
+    let threads = tapir::init_threads(args.threads)?;
     let mut graph = Graph::<f32>::new();
-    graph.set_threads(args.threads);
+    graph.set_threads(threads);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let n = args.size;
     println!(

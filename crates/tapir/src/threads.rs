@@ -6,11 +6,70 @@
 //! near 2⁶² divided by zero inside the GEMM crate. Counts are therefore clamped here, at
 //! the API, to [`MAX_THREADS`].
 
+use std::panic::Location;
+
 use faer::Par;
+
+use crate::error::{Error, Result};
 
 /// The most threads a matrix product is split over; larger requests are clamped to it.
 /// Far more than any machine's cores, far below what makes faer's task splitting slow.
 pub const MAX_THREADS: usize = 1024;
+
+/// Builds rayon's global pool with `threads` threads, **the calling thread being one of
+/// them**, and returns the count. Call it once, at the start of the program, from the
+/// thread that will run the graphs (usually `main`), then give each graph the same count
+/// with [`Graph::set_threads`](crate::Graph::set_threads).
+///
+/// Without it, a parallel op called from `main` hands its pieces to rayon's workers and
+/// waits: on a machine with as many cores as threads, the workers then spin (yielding)
+/// against the calling thread whenever it records or walks serially between parallel ops.
+/// With it, the calling thread takes its share of every split, as OpenMP's master thread
+/// does in PyTorch: a W10 transformer step at 2 threads on 2 cores went from 270 to 190 ms
+/// (docs/benchmarks.md, W10).
+///
+/// - `0` means one thread per core ([`std::thread::available_parallelism`]); counts above
+///   [`MAX_THREADS`] are clamped to it.
+/// - `1` builds nothing and returns 1: graphs with one thread never use the pool, and a
+///   pool whose only thread is the caller would run no work sent from other threads.
+/// - Work that other threads send to the pool still runs, on its other threads.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when rayon's global pool already exists (built by an
+/// earlier call, by another crate, or by any parallel work before this call) or the
+/// calling thread already belongs to a rayon pool; the message says which. Nothing
+/// changes then: work keeps running on the existing pool.
+///
+/// ```
+/// // At the start of `main`, before any parallel work:
+/// let threads = tapir::init_threads(2)?;
+/// let mut graph = tapir::Graph::<f32>::new();
+/// graph.set_threads(threads);
+/// # Ok::<(), tapir::Error>(())
+/// ```
+#[track_caller]
+pub fn init_threads(threads: usize) -> Result<usize> {
+    let n = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(MAX_THREADS);
+    if n == 1 {
+        return Ok(1);
+    }
+    let location = Location::caller();
+    rayon::ThreadPoolBuilder::new().num_threads(n).use_current_thread().build_global().map_err(|e| {
+        Error::InvalidArgument {
+            op: "init_threads",
+            detail: format!(
+                "cannot build rayon's global pool of {n} threads with the calling thread in it: {e} \
+                 (call init_threads once, before any parallel work, from a thread outside any pool)"
+            ),
+            location,
+        }
+    })?;
+    Ok(n)
+}
 
 /// faer's parallelism for `threads` (1: the calling thread; 0: every thread of rayon's
 /// global pool; `n`: `min(n, MAX_THREADS)` threads), and the count in effect.

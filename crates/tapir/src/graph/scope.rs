@@ -38,7 +38,9 @@ pub struct Graph<T: Float = f32> {
     /// Where checkpointed blocks record, reset after each block's forward and after each
     /// block's recomputation (see [`Scope::checkpoint`]).
     scratch: Scratch<T>,
-    par: Par,
+    /// `None`: faer's global parallelism, read when a scope starts (reading it starts
+    /// rayon's global pool, which [`init_threads`](crate::init_threads) must build first).
+    par: Option<Par>,
     anomaly: bool,
     last: GraphStats,
     /// Scopes run so far (see [`Scope::next_draw`]).
@@ -80,12 +82,14 @@ impl<T: Float> Default for Graph<T> {
 
 impl<T: Float> Graph<T> {
     /// A graph with no arena limit, faer's global parallelism and anomaly detection off.
+    /// The parallelism is read when each scope starts, not here, so creating a graph does
+    /// not start rayon's global pool.
     pub fn new() -> Graph<T> {
         Graph {
             arena: Arena::new(),
             spare: Spare::default(),
             scratch: Scratch::default(),
-            par: faer::get_global_parallelism(),
+            par: None,
             anomaly: false,
             last: GraphStats::default(),
             steps: 0,
@@ -105,13 +109,18 @@ impl<T: Float> Graph<T> {
     /// [`MAX_THREADS`](crate::MAX_THREADS) are clamped to it. Returns the count in effect.
     pub fn set_threads(&mut self, threads: usize) -> usize {
         let (par, n) = crate::threads::par(threads);
-        self.par = par;
+        self.par = Some(par);
         n
     }
 
     /// Threads used for matrix products.
     pub fn threads(&self) -> usize {
-        self.par.degree()
+        self.par().degree()
+    }
+
+    /// The parallelism in effect.
+    fn par(&self) -> Par {
+        self.par.unwrap_or_else(faer::get_global_parallelism)
     }
 
     /// Turns anomaly detection on or off. When on, the first op whose output (forward) or
@@ -208,12 +217,13 @@ impl<T: Float> Graph<T> {
         // Normally empty already: each block resets it; a block that panicked did not.
         self.scratch.arena.get_mut().reset();
         let out = {
+            let par = self.par();
             let mut tape = Tape::from_spare(&mut self.spare);
-            tape.nest = Some(Nest { scratch: &self.scratch, par: self.par, anomaly: self.anomaly });
+            tape.nest = Some(Nest { scratch: &self.scratch, par, anomaly: self.anomaly });
             tape.step = self.steps;
             self.steps += 1;
             let blocks = RefCell::new(recycle(std::mem::take(&mut self.spare_blocks.0)));
-            let scope = Scope { core: Core::new(&self.arena, tape, self.par, self.anomaly), blocks, _env: PhantomData };
+            let scope = Scope { core: Core::new(&self.arena, tape, par, self.anomaly), blocks, _env: PhantomData };
             let out = f(&scope);
             // `scope` stays borrowed for 's until it is dropped, so take the tape's
             // vectors out through the cell rather than moving the cell.

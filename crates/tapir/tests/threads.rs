@@ -1,0 +1,45 @@
+//! `init_threads`: the calling thread becomes one of rayon's global pool, graphs split
+//! over it give the bits of one thread, a second call is a typed error, and work sent from
+//! other threads still runs. One test, because the global pool is the process's: the
+//! harness must not have started it from another test first.
+
+use tapir::{Error, Graph, Tensor};
+
+/// `Σ tanh(x·x)` and its gradient, at `threads` threads: large enough that the matrix
+/// product and the elementwise ops split.
+fn run(threads: usize, x: &Tensor<f64>) -> (f64, Vec<f64>) {
+    let mut g = Graph::new();
+    assert_eq!(g.set_threads(threads), threads);
+    g.scope(|s| {
+        let v = s.leaf(x);
+        let y = v.matmul(v).tanh().sum();
+        s.backward(y).unwrap();
+        (y.item().unwrap(), v.grad().unwrap().to_vec())
+    })
+}
+
+#[test]
+fn the_calling_thread_joins_the_pool_and_results_keep_their_bits() {
+    let data: Vec<f64> = (0..256 * 256).map(|i| ((i * 7919) % 1000) as f64 / 1000.0 - 0.5).collect();
+    let x = Tensor::from_vec(data, &[256, 256]).unwrap();
+    let serial = run(1, &x);
+
+    assert_eq!(tapir::init_threads(1).unwrap(), 1, "one thread builds no pool");
+    assert_eq!(rayon::current_thread_index(), None, "one thread leaves the caller outside any pool");
+
+    assert_eq!(tapir::init_threads(2).unwrap(), 2);
+    assert_eq!(rayon::current_thread_index(), Some(0), "the caller is the pool's thread 0");
+    assert_eq!(rayon::current_num_threads(), 2);
+    assert_eq!(run(2, &x), serial, "two threads, the caller one of them, give the bits of one");
+
+    let line = line!() + 1;
+    let err = tapir::init_threads(3).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { op: "init_threads", .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("3 threads") && text.contains(&format!("threads.rs:{line}")), "{text}");
+    assert_eq!(rayon::current_num_threads(), 2, "a refused call changes nothing");
+
+    // Another thread's parallel work runs on the pool's other thread.
+    let other = std::thread::spawn(move || run(2, &x)).join().unwrap();
+    assert_eq!(other, serial);
+}

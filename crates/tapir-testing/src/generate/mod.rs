@@ -434,7 +434,11 @@ impl Gen<'_> {
                 let axis = self.axis_for(shape.len(), valid);
                 let dim = model::resolve(shape.len(), axis).map_or(2, |a| shape[a]);
                 let len = 1 + self.u.below(4);
-                let indices = if valid {
+                // As for the labels below: a huge operand (`[2^32 - 1, 3]` after a zero-size
+                // reduction) must not make the generator allocate an index per row.
+                let indices = if dim > 1 << 16 {
+                    (0..self.u.below(4)).map(|_| self.u.below(len)).collect()
+                } else if valid {
                     (0..dim).map(|_| self.u.below(len)).collect()
                 } else if self.u.chance(1, 2) {
                     (0..dim + 1).map(|_| self.u.below(len)).collect()

@@ -110,6 +110,7 @@ pub enum Code {
     PadAxis,
     ScatterAdd,
     Linear,
+    LayerNorm,
 }
 
 impl Code {
@@ -136,6 +137,7 @@ impl Code {
             | Code::PadAxis
             | Code::ScatterAdd
             | Code::Linear
+            | Code::LayerNorm
             | Code::Var
             | Code::LogSumExp
             | Code::Softmax
@@ -388,6 +390,7 @@ pub const FORMAT1_CODES: &[(u8, Code)] = &[
     (0x46, Code::Const),
     (0x47, Code::Full),
     (0x48, Code::Conv2d),
+    (0x4a, Code::LayerNorm),
     (0x4b, Code::PadAxis),
     (0x4c, Code::ScatterAdd),
     (0x4f, Code::Linear),

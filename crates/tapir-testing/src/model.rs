@@ -240,6 +240,15 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             out[r - 1] = w[1];
             checked("linear", Some(out))
         }
+        Step::LayerNorm { x, w, b, eps } => {
+            let (x, w, b) = (s(*x), s(*w), s(*b));
+            match x.last() {
+                Some(&c) if w == [c] && b == [c] && eps.is_finite() && *eps >= 0.0 => {
+                    checked("layer_norm", Some(x.to_vec()))
+                }
+                _ => err("InvalidArgument", "layer_norm"),
+            }
+        }
         Step::Reshape { x, dims } => {
             if valid_dims(dims) && numel(dims) == numel(s(*x)) {
                 Outcome::Ok(dims.clone())

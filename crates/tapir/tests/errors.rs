@@ -80,6 +80,22 @@ fn linear_shapes() {
 }
 
 #[test]
+fn layer_norm_shapes_and_eps() {
+    let (x, w) = (t(&[4, 3]), t(&[3]));
+    for (xs, ws, bs, eps, names) in [
+        (&x, &w, &t(&[2]), 1e-5, ["[4, 3]", "[3]", "[2]", "eps 0.00001"]),
+        (&x, &t(&[1, 3]), &w, 1e-5, ["[4, 3]", "[1, 3]", "[3]", "eps 0.00001"]),
+        (&t(&[]), &t(&[1]), &t(&[1]), 1e-5, ["[]", "[1]", "[1]", "eps 0.00001"]),
+        (&x, &w, &w, -1.0, ["[4, 3]", "[3]", "[3]", "eps -1"]),
+        (&x, &w, &w, f64::NAN, ["[4, 3]", "[3]", "[3]", "eps NaN"]),
+    ] {
+        let e = scope_error!(|s| s.leaf(xs).layer_norm(s.leaf(ws), s.leaf(bs), eps));
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert_names(&e, "layer_norm", &names, true);
+    }
+}
+
+#[test]
 fn bad_axis() {
     let a = t(&[2, 3]);
     let e = scope_error!(|s| s.leaf(&a).softmax(5));

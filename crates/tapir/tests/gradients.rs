@@ -333,6 +333,26 @@ proptest! {
     }
 
     #[test]
+    fn layer_norm(lead in dims(0..=2, 0..=4), c in 0usize..=6, seed: u64) {
+        let mut dx = lead.clone();
+        dx.push(c);
+        let inputs = [tensor(&dx, seed, Draw::Any), tensor(&[c], seed ^ 1, Draw::Any), tensor(&[c], seed ^ 2, Draw::Any)];
+        check(&inputs, seed, |_, v| v[0].layer_norm(v[1], v[2], 1e-3))?;
+        // The same value as the composition, to rounding.
+        let mut g = Graph::<f64>::new();
+        let (a, b) = g.scope(|s| {
+            let v: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
+            let centred = v[0] - v[0].mean_axes(&[-1], true);
+            let composed = centred * centred.square().mean_axes(&[-1], true).add_scalar(1e-3).rsqrt() * v[1] + v[2];
+            (v[0].layer_norm(v[1], v[2], 1e-3).to_tensor().unwrap(), composed.to_tensor().unwrap())
+        });
+        prop_assert_eq!(a.shape(), b.shape());
+        for (p, q) in a.data().iter().zip(b.data()) {
+            prop_assert!((p - q).abs() <= 1e-12 * (1.0 + q.abs()), "{} vs {}", p, q);
+        }
+    }
+
+    #[test]
     fn matmul_same_handle_gets_both_terms(n in 1usize..=5, seed: u64) {
         // y = x·x: dL/dx = dout·xᵀ + xᵀ·dout, both through the same gradient buffer.
         check(&[tensor(&[n, n], seed, Draw::Any)], seed, |_, v| v[0].matmul(v[0]))?;
@@ -367,4 +387,37 @@ fn composite_mlp_step() {
     let w2 = tensor(&[5, 2], 14, Draw::Any);
     check(&[x, w1, b1, w2], 15, |_, v| (v[0].matmul(v[1]) + v[2]).gelu().matmul(v[3]).cross_entropy(&[0, 1, 1, 0]))
         .unwrap();
+}
+
+/// `layer_norm` above the parallel threshold (1024 rows of 40, the last chunk short): the
+/// value and all three gradients have the same bits at 1 and 2 threads, and match the
+/// composition to rounding.
+#[test]
+fn layer_norm_large_is_thread_independent() {
+    let inputs = [tensor(&[1024, 40], 3, Draw::Any), tensor(&[40], 4, Draw::Any), tensor(&[40], 5, Draw::Any)];
+    let run = |threads: usize, composed: bool| {
+        let mut g = Graph::<f64>::new();
+        g.set_threads(threads);
+        g.scope(|s| {
+            let v: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
+            let y = if composed {
+                let centred = v[0] - v[0].mean_axes(&[-1], true);
+                centred * centred.square().mean_axes(&[-1], true).add_scalar(1e-5).rsqrt() * v[1] + v[2]
+            } else {
+                v[0].layer_norm(v[1], v[2], 1e-5)
+            };
+            let l = (y * y.detach().sin()).sum();
+            s.backward(l).unwrap();
+            let mut out = y.value().unwrap().to_vec();
+            for x in &v {
+                out.extend_from_slice(x.grad().unwrap());
+            }
+            out
+        })
+    };
+    let one = run(1, false);
+    assert_eq!(one, run(2, false), "bits at 2 threads");
+    for (p, q) in one.iter().zip(run(1, true)) {
+        assert!((p - q).abs() <= 1e-11 * (1.0 + q.abs()), "{p} vs {q}");
+    }
 }

@@ -59,6 +59,8 @@ struct Inputs {
     img: Tensor<f64>,
     mask: Tensor<f64>,
     bias: Tensor<f64>,
+    /// `[3]`: a row's scale or shift.
+    row: Tensor<f64>,
 }
 
 impl Inputs {
@@ -69,7 +71,8 @@ impl Inputs {
         let img = Tensor::from_vec((0..16).map(|i| f64::from(i) / 16.0).collect(), &[1, 1, 4, 4]).unwrap();
         let mask = Tensor::from_vec(vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0], &[2, 3]).unwrap();
         let bias = Tensor::from_vec(vec![0.5, -0.5], &[2]).unwrap();
-        Inputs { x, y, w, img, mask, bias }
+        let row = Tensor::from_vec(vec![0.5, -1.0, 2.0], &[3]).unwrap();
+        Inputs { x, y, w, img, mask, bias, row }
     }
 }
 
@@ -121,6 +124,7 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         }
         OpKind::MatMul => x.matmul(w),
         OpKind::Linear => x.linear(w, s.leaf(&t.bias)),
+        OpKind::LayerNorm => x.layer_norm(s.leaf(&t.row), s.leaf(&t.row), 1e-5),
         OpKind::Reshape => x.reshape(&[3, 2]),
         OpKind::Permute => x.permute(&[1, 0]),
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]),
@@ -225,7 +229,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 30);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 31);
 }
 
 #[test]

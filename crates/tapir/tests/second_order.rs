@@ -110,6 +110,7 @@ fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> V
         },
         OpKind::MatMul => x.matmul(w).square(),
         OpKind::Linear => x.linear(w, y.sum_axes(&[1], false)).square(),
+        OpKind::LayerNorm => x.layer_norm(y.sum_axes(&[0], false), y.narrow(0, 1, 1).reshape(&[3]), 1e-3).square(),
         OpKind::Reshape => x.reshape(&[3, 2]).matmul(x),
         OpKind::Permute => x.permute(&[1, 0]) * w,
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]) * y,
@@ -210,7 +211,7 @@ fn every_kind_has_an_exact_recorded_derivative() {
         gradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
         gradgradcheck(&inputs(), opts, |s, v| example(s, v, kind)).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
     }
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 27);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 28);
 }
 
 #[test]

@@ -279,6 +279,7 @@ impl Gen<'_> {
             Code::Unary(op) => Step::Unary { op, x: self.pick() },
             Code::MatMul => self.matmul(),
             Code::Linear => self.linear(),
+            Code::LayerNorm => self.layer_norm(),
             Code::Reshape => {
                 let x = self.pick();
                 let dims = if self.valid() {
@@ -678,5 +679,28 @@ impl Gen<'_> {
             _ => self.constant(vec![n]),
         };
         Step::Linear { x, w, b }
+    }
+
+    /// `x.layer_norm(w, b, eps)`: valid, `w` and `b` are `[C]` for `x`'s last dimension
+    /// `C` (existing nodes when some fit, else new constants) and `eps` is `0.5` in smooth
+    /// programs (a row of nearly equal values then stays well conditioned for finite
+    /// differences), else `1e-5` or `0`; invalid, any three nodes or a bad `eps`.
+    fn layer_norm(&mut self) -> Step {
+        let x = self.pick_where(|s| !s.is_empty()).unwrap_or_else(|| self.pick());
+        let sx = self.shape(x).to_vec();
+        let eps = if self.smooth { 0.5 } else { [1e-5, 0.0, 0.5][self.u.below(3)] };
+        let Some(&c) = sx.last() else {
+            return Step::LayerNorm { x, w: self.pick(), b: self.pick(), eps };
+        };
+        if !self.valid() {
+            let eps = if self.u.chance(1, 2) { [-1.0, f64::NAN, f64::INFINITY][self.u.below(3)] } else { eps };
+            return Step::LayerNorm { x, w: self.pick(), b: self.pick(), eps };
+        }
+        let mut row = || match self.pick_where(|s| s == [c]) {
+            Some(v) if self.u.chance(1, 2) => v,
+            _ => self.constant(vec![c]),
+        };
+        let (w, b) = (row(), row());
+        Step::LayerNorm { x, w, b, eps }
     }
 }

@@ -75,6 +75,7 @@ pub(crate) fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[V
         Step::Unary { op, x } => op.apply(v(*x)),
         Step::MatMul { a, b } => v(*a).matmul(v(*b)),
         Step::Linear { x, w, b } => v(*x).linear(v(*w), v(*b)),
+        Step::LayerNorm { x, w, b, eps } => v(*x).layer_norm(v(*w), v(*b), *eps),
         Step::Reshape { x, dims } => v(*x).reshape(dims),
         Step::Permute { x, axes } => v(*x).permute(axes),
         Step::Transpose { x, a0, a1 } => {

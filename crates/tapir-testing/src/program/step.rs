@@ -225,78 +225,211 @@ impl ReduceOp {
 #[allow(missing_docs)] // the fields, described above
 pub enum Step {
     /// A broadcasting binary op.
-    Binary { op: BinOp, a: usize, b: usize },
+    Binary {
+        op: BinOp,
+        a: usize,
+        b: usize,
+    },
     /// A comparison (no gradient).
-    Compare { op: CmpOp, a: usize, b: usize },
+    Compare {
+        op: CmpOp,
+        a: usize,
+        b: usize,
+    },
     /// An op with a scalar operand `c`.
-    Scalar { op: ScalarOp, x: usize, c: f64 },
+    Scalar {
+        op: ScalarOp,
+        x: usize,
+        c: f64,
+    },
     /// `x.clamp(lo, hi)`.
-    Clamp { x: usize, lo: f64, hi: f64 },
+    Clamp {
+        x: usize,
+        lo: f64,
+        hi: f64,
+    },
     /// An elementwise unary op.
-    Unary { op: UnaryOp, x: usize },
+    Unary {
+        op: UnaryOp,
+        x: usize,
+    },
     /// `a.matmul(b)`.
-    MatMul { a: usize, b: usize },
+    MatMul {
+        a: usize,
+        b: usize,
+    },
     /// `x.linear(w, b)`.
-    Linear { x: usize, w: usize, b: usize },
+    Linear {
+        x: usize,
+        w: usize,
+        b: usize,
+    },
+    LayerNorm {
+        x: usize,
+        w: usize,
+        b: usize,
+        eps: f64,
+    },
     /// `x.reshape(dims)`.
-    Reshape { x: usize, dims: Vec<usize> },
+    Reshape {
+        x: usize,
+        dims: Vec<usize>,
+    },
     /// `x.permute(axes)`.
-    Permute { x: usize, axes: Vec<usize> },
+    Permute {
+        x: usize,
+        axes: Vec<usize>,
+    },
     /// `x.transpose(a0, a1)`, or `x.t()` for `(-2, -1)`.
-    Transpose { x: usize, a0: isize, a1: isize },
+    Transpose {
+        x: usize,
+        a0: isize,
+        a1: isize,
+    },
     /// `x.broadcast_to(dims)`.
-    BroadcastTo { x: usize, dims: Vec<usize> },
+    BroadcastTo {
+        x: usize,
+        dims: Vec<usize>,
+    },
     /// `x.squeeze(axis)`.
-    Squeeze { x: usize, axis: isize },
+    Squeeze {
+        x: usize,
+        axis: isize,
+    },
     /// `x.unsqueeze(axis)`.
-    Unsqueeze { x: usize, axis: isize },
+    Unsqueeze {
+        x: usize,
+        axis: isize,
+    },
     /// `x.narrow(axis, start, len)`.
-    Narrow { x: usize, axis: isize, start: usize, len: usize },
+    Narrow {
+        x: usize,
+        axis: isize,
+        start: usize,
+        len: usize,
+    },
     /// `Scope::concat(xs, axis)`.
-    Concat { xs: Vec<usize>, axis: isize },
+    Concat {
+        xs: Vec<usize>,
+        axis: isize,
+    },
     /// `Scope::stack(xs, axis)`.
-    Stack { xs: Vec<usize>, axis: isize },
+    Stack {
+        xs: Vec<usize>,
+        axis: isize,
+    },
     /// `x.index_select(axis, indices)`.
-    IndexSelect { x: usize, axis: isize, indices: Vec<usize> },
+    IndexSelect {
+        x: usize,
+        axis: isize,
+        indices: Vec<usize>,
+    },
     /// `x.pad_axis(axis, before, after)`.
-    PadAxis { x: usize, axis: isize, before: usize, after: usize },
+    PadAxis {
+        x: usize,
+        axis: isize,
+        before: usize,
+        after: usize,
+    },
     /// `x.scatter_add(axis, indices, len)`.
-    ScatterAdd { x: usize, axis: isize, indices: Vec<usize>, len: usize },
+    ScatterAdd {
+        x: usize,
+        axis: isize,
+        indices: Vec<usize>,
+        len: usize,
+    },
     /// `Scope::where_(cond, a, b)`.
-    Where { cond: usize, a: usize, b: usize },
+    Where {
+        cond: usize,
+        a: usize,
+        b: usize,
+    },
     /// `axes: None` reduces everything (`sum()`, `mean()`, `max()`, `min()`).
-    Reduce { op: ReduceOp, x: usize, axes: Option<Vec<isize>>, keepdim: bool },
+    Reduce {
+        op: ReduceOp,
+        x: usize,
+        axes: Option<Vec<isize>>,
+        keepdim: bool,
+    },
     /// `x.var(axes, keepdim, correction)`.
-    Var { x: usize, axes: Vec<isize>, keepdim: bool, correction: usize },
+    Var {
+        x: usize,
+        axes: Vec<isize>,
+        keepdim: bool,
+        correction: usize,
+    },
     /// `x.logsumexp(axis, keepdim)`.
-    LogSumExp { x: usize, axis: isize, keepdim: bool },
+    LogSumExp {
+        x: usize,
+        axis: isize,
+        keepdim: bool,
+    },
     /// `x.softmax(axis)`, or `x.log_softmax(axis)` if `log`.
-    Softmax { x: usize, axis: isize, log: bool },
+    Softmax {
+        x: usize,
+        axis: isize,
+        log: bool,
+    },
     /// `x.cross_entropy(labels)`.
-    CrossEntropy { x: usize, labels: Vec<usize> },
+    CrossEntropy {
+        x: usize,
+        labels: Vec<usize>,
+    },
     /// `x.nll_loss(labels)`.
-    Nll { x: usize, labels: Vec<usize> },
+    Nll {
+        x: usize,
+        labels: Vec<usize>,
+    },
     /// `x.bce_with_logits(y)`.
-    Bce { x: usize, y: usize },
+    Bce {
+        x: usize,
+        y: usize,
+    },
     /// `a.mse_loss(b)`.
-    Mse { a: usize, b: usize },
+    Mse {
+        a: usize,
+        b: usize,
+    },
     /// `x.detach()`.
-    Detach { x: usize },
+    Detach {
+        x: usize,
+    },
     /// `x.with_grad()`.
-    WithGrad { x: usize },
+    WithGrad {
+        x: usize,
+    },
     /// The inner step, run inside `Scope::no_grad`.
     NoGrad(Box<Step>),
     /// `Scope::tensor(data, dims)`.
-    Const { dims: Vec<usize>, data: Vec<f64> },
+    Const {
+        dims: Vec<usize>,
+        data: Vec<f64>,
+    },
     /// `Scope::full(dims, v)`.
-    Full { dims: Vec<usize>, v: f64 },
+    Full {
+        dims: Vec<usize>,
+        v: f64,
+    },
     /// `x.conv2d(w, stride, padding)`.
-    Conv2d { x: usize, w: usize, stride: [usize; 2], padding: [usize; 2] },
+    Conv2d {
+        x: usize,
+        w: usize,
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `im2col`, `max_pool2d` or `avg_pool2d` of `x`.
-    Window { op: WindowOp, x: usize, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    Window {
+        op: WindowOp,
+        x: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// A format-1 code that names no op (yet), or one that a smooth program may not use:
     /// records nothing, and its value is the previous value. See [`crate::codes`].
-    Nop { code: u8 },
+    Nop {
+        code: u8,
+    },
 }
 
 /// The sliding-window ops besides `conv2d`.
@@ -334,6 +467,7 @@ impl Step {
             Step::Reduce { op, .. } => matches!(op, ReduceOp::Sum | ReduceOp::Mean),
             Step::MatMul { .. }
             | Step::Linear { .. }
+            | Step::LayerNorm { .. }
             | Step::Reshape { .. }
             | Step::Permute { .. }
             | Step::Transpose { .. }

@@ -4,6 +4,7 @@
 #[cfg(test)]
 mod accuracy;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod par;
 pub(crate) mod scalar;
 pub(crate) mod simd;

@@ -361,7 +361,7 @@ pub(crate) fn sum_chunks<T: Float>(
 }
 
 /// Rows per chunk of a row-wise op on rows of `len` elements: about [`CHUNK`] elements.
-fn row_chunk(len: usize) -> usize {
+pub(crate) fn row_chunk(len: usize) -> usize {
     (CHUNK / len.max(1)).max(1)
 }
 

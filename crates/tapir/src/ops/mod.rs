@@ -11,6 +11,7 @@
 //! | `scatter.rs`   | `pad_axis`, `scatter_add`: the adjoints of `narrow` and `index_select`    |
 //! | `reduce.rs`    | `sum`, `sum_axes`, `max_axes`, `min_axes`, `logsumexp`                    |
 //! | `softmax.rs`   | `softmax`, `log_softmax`                                                  |
+//! | `norm.rs`      | `layer_norm` (normalisation, scale and shift in one node)                 |
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
 //! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
@@ -35,6 +36,7 @@ pub(crate) mod conv;
 pub(crate) mod custom;
 pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod reduce;
 pub(crate) mod scatter;
 pub(crate) mod shape_ops;
@@ -101,6 +103,8 @@ op_kinds! {
     MatMul => "matmul",
     /// Matrix product and bias in one node (a fully connected layer).
     Linear => "linear",
+    /// Layer normalisation over the last axis, with scale and shift, in one node.
+    LayerNorm => "layer_norm",
     /// The same elements under another shape (also squeeze, unsqueeze, flatten).
     Reshape => "reshape",
     /// Axis permutation (also transpose).
@@ -181,6 +185,11 @@ pub(crate) enum Op<'s, T> {
         x: NodeId<'s>,
         w: NodeId<'s>,
         b: NodeId<'s>,
+    },
+    /// Inputs `x`, `w`, `b` are the ids stored at `first`.
+    LayerNorm {
+        first: u32,
+        eps: T,
     },
     /// The value aliases the input's.
     Reshape {
@@ -324,6 +333,7 @@ impl<'s, T> Op<'s, T> {
             Binary { f, .. } => OpKind::Binary(f),
             MatMul { .. } => OpKind::MatMul,
             Linear { .. } => OpKind::Linear,
+            LayerNorm { .. } => OpKind::LayerNorm,
             Reshape { .. } => OpKind::Reshape,
             Permute { .. } => OpKind::Permute,
             BroadcastTo { .. } => OpKind::BroadcastTo,
@@ -370,6 +380,7 @@ impl<'s, T> Op<'s, T> {
             BceWithLogits { x, y } => two(x, y),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
             Linear { x, w, b } => Inputs::Fixed([x, w, b], 3),
+            LayerNorm { first, .. } => Inputs::Stored { at: first, count: 3 },
             Concat { first, count, .. } | Custom { first, count, .. } | Checkpoint { first, count, .. } => {
                 Inputs::Stored { at: first, count }
             }
@@ -410,6 +421,7 @@ impl<'s, T: Float> Op<'s, T> {
             Binary { f, a, b } => binary::backward(ctx, out, f, a, b),
             MatMul { a, b } => matmul::backward(ctx, out, a, b),
             Linear { x, w, b } => matmul::backward_linear(ctx, out, x, w, b),
+            LayerNorm { first, eps } => norm::backward(ctx, out, first, eps),
             Reshape { x } => shape_ops::backward_reshape(ctx, out, x),
             Permute { x, axes } => shape_ops::backward_permute(ctx, out, x, axes),
             BroadcastTo { x } => shape_ops::backward_broadcast(ctx, out, x),
@@ -450,6 +462,7 @@ impl<'s, T: Float> Op<'s, T> {
             Binary { f, a, b } => binary::grad(ctx, out, g, f, a, b),
             MatMul { a, b } => matmul::grad(ctx, g, a, b),
             Linear { x, w, b } => matmul::grad_linear(ctx, g, x, w, b),
+            LayerNorm { first, eps } => norm::grad(ctx, g, first, eps),
             Reshape { x } => shape_ops::grad_reshape(ctx, g, x),
             Permute { x, axes } => shape_ops::grad_permute(ctx, g, x, axes),
             BroadcastTo { x } => shape_ops::grad_broadcast(ctx, g, x),

@@ -154,9 +154,39 @@ impl MatMulDims {
     }
 }
 
+/// The threads to spread a batch of products over, one whole sequential product per item,
+/// or `None` to run the items in order with each product split as [`gemm`] decides. A
+/// batch is spread when no operand is broadcast over it (every item writes its own block)
+/// and it has at least as many items as threads: attention's `[B, H, T, D]` products are
+/// 128 small GEMMs, and splitting each of them in two cost a fork-join per GEMM. The bits
+/// are the same either way (see the module doc).
+fn spread(d: &MatMulDims, par: Par) -> Option<usize> {
+    let threads = super::par::threads(par);
+    let flat = d.a_batch == d.batch && d.b_batch == d.batch;
+    let work = d.m > 0 && d.k > 0 && d.n > 0;
+    (threads > 1 && flat && work && d.batch.numel() >= threads).then_some(threads)
+}
+
 /// Batched forward: `out[i] = a[ia] · b[ib]`.
 pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
+    if let Some(threads) = spread(d, par) {
+        let items = d.batch.numel();
+        super::par::for_chunks(threads, &mut out[..items * m * n], m * n, &|s, o: &mut [T]| {
+            let i = s / (m * n);
+            T::gemm(
+                o,
+                &a[i * m * k..(i + 1) * m * k],
+                false,
+                &b[i * k * n..(i + 1) * k * n],
+                false,
+                (m, k, n),
+                false,
+                Par::Seq,
+            );
+        });
+        return;
+    }
     d.for_each(|o, ia, ib| {
         T::gemm(
             &mut out[o * m * n..(o + 1) * m * n],
@@ -174,6 +204,23 @@ pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T],
 /// `da[ia] += dout[i] · b[ib]ᵀ` over the batch.
 pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
+    if let Some(threads) = spread(d, par) {
+        let items = d.batch.numel();
+        super::par::for_chunks(threads, &mut da[..items * m * k], m * k, &|s, g: &mut [T]| {
+            let i = s / (m * k);
+            T::gemm(
+                g,
+                &dout[i * m * n..(i + 1) * m * n],
+                false,
+                &b[i * k * n..(i + 1) * k * n],
+                true,
+                (m, n, k),
+                true,
+                Par::Seq,
+            );
+        });
+        return;
+    }
     d.for_each(|o, ia, ib| {
         T::gemm(
             &mut da[ia * m * k..(ia + 1) * m * k],
@@ -191,6 +238,23 @@ pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut
 /// `db[ib] += a[ia]ᵀ · dout[i]` over the batch.
 pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
+    if let Some(threads) = spread(d, par) {
+        let items = d.batch.numel();
+        super::par::for_chunks(threads, &mut db[..items * k * n], k * n, &|s, g: &mut [T]| {
+            let i = s / (k * n);
+            T::gemm(
+                g,
+                &a[i * m * k..(i + 1) * m * k],
+                true,
+                &dout[i * m * n..(i + 1) * m * n],
+                false,
+                (k, m, n),
+                true,
+                Par::Seq,
+            );
+        });
+        return;
+    }
     d.for_each(|o, ia, ib| {
         T::gemm(
             &mut db[ib * k * n..(ib + 1) * k * n],

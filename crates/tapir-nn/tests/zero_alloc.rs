@@ -101,9 +101,8 @@ fn warm(pool: &rayon::ThreadPool) {
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
 // `System`'s guarantees carry over; the counter is a plain atomic.
 unsafe impl GlobalAlloc for Counting {
-    /// # Safety
-    /// `GlobalAlloc::alloc`'s contract, passed on to `System` unchanged.
-    // SAFETY: `GlobalAlloc` makes this an `unsafe fn`; its contract passes on to `System`.
+    // SAFETY: the trait's contract passes through to `System::alloc` unchanged (see
+    // `# Safety` in `GlobalAlloc::alloc`'s docs); the counter is a plain atomic.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.

@@ -154,117 +154,58 @@ impl MatMulDims {
     }
 }
 
-/// The threads to spread a batch of products over, one whole sequential product per item,
-/// or `None` to run the items in order with each product split as [`gemm`] decides. A
-/// batch is spread when no operand is broadcast over it (every item writes its own block)
-/// and it has at least as many items as threads: attention's `[B, H, T, D]` products are
-/// 128 small GEMMs, and splitting each of them in two cost a fork-join per GEMM. The bits
-/// are the same either way (see the module doc).
-fn spread(d: &MatMulDims, par: Par) -> Option<usize> {
+/// Spreads a batch of products over the threads, one whole sequential product per item:
+/// runs `f(i, block)` for every item `i`, `block` being item `i`'s `len` elements of
+/// `dst`, and returns `true`; or returns `false` without running anything, and the caller
+/// runs the items in order, each product split as [`gemm`] decides. A batch is spread
+/// when no operand is broadcast over it (every item writes its own block) and it has at
+/// least as many items as threads: attention's `[B, H, T, D]` products are 128 small
+/// GEMMs, and splitting each of them in two cost a fork-join per GEMM. The bits are the
+/// same either way (see the module doc).
+fn spread<T: Float>(d: &MatMulDims, par: Par, dst: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) -> bool {
     let threads = super::par::threads(par);
     let flat = d.a_batch == d.batch && d.b_batch == d.batch;
     let work = d.m > 0 && d.k > 0 && d.n > 0;
-    (threads > 1 && flat && work && d.batch.numel() >= threads).then_some(threads)
+    let items = d.batch.numel();
+    if !(threads > 1 && flat && work && items >= threads) {
+        return false;
+    }
+    super::par::for_chunks(threads, &mut dst[..items * len], len, &|s, block: &mut [T]| f(s / len, block));
+    true
 }
 
 /// Batched forward: `out[i] = a[ia] · b[ib]`.
 pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
-    if let Some(threads) = spread(d, par) {
-        let items = d.batch.numel();
-        super::par::for_chunks(threads, &mut out[..items * m * n], m * n, &|s, o: &mut [T]| {
-            let i = s / (m * n);
-            T::gemm(
-                o,
-                &a[i * m * k..(i + 1) * m * k],
-                false,
-                &b[i * k * n..(i + 1) * k * n],
-                false,
-                (m, k, n),
-                false,
-                Par::Seq,
-            );
-        });
-        return;
+    let item = |ia: usize, ib: usize, o: &mut [T], par| {
+        let (a, b) = (&a[ia * m * k..(ia + 1) * m * k], &b[ib * k * n..(ib + 1) * k * n]);
+        T::gemm(o, a, false, b, false, (m, k, n), false, par);
+    };
+    if !spread(d, par, out, m * n, |i, o| item(i, i, o, Par::Seq)) {
+        d.for_each(|o, ia, ib| item(ia, ib, &mut out[o * m * n..(o + 1) * m * n], par));
     }
-    d.for_each(|o, ia, ib| {
-        T::gemm(
-            &mut out[o * m * n..(o + 1) * m * n],
-            &a[ia * m * k..(ia + 1) * m * k],
-            false,
-            &b[ib * k * n..(ib + 1) * k * n],
-            false,
-            (m, k, n),
-            false,
-            par,
-        );
-    });
 }
 
 /// `da[ia] += dout[i] · b[ib]ᵀ` over the batch.
 pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
-    if let Some(threads) = spread(d, par) {
-        let items = d.batch.numel();
-        super::par::for_chunks(threads, &mut da[..items * m * k], m * k, &|s, g: &mut [T]| {
-            let i = s / (m * k);
-            T::gemm(
-                g,
-                &dout[i * m * n..(i + 1) * m * n],
-                false,
-                &b[i * k * n..(i + 1) * k * n],
-                true,
-                (m, n, k),
-                true,
-                Par::Seq,
-            );
-        });
-        return;
+    let item = |o: usize, ib: usize, g: &mut [T], par| {
+        let (dout, b) = (&dout[o * m * n..(o + 1) * m * n], &b[ib * k * n..(ib + 1) * k * n]);
+        T::gemm(g, dout, false, b, true, (m, n, k), true, par);
+    };
+    if !spread(d, par, da, m * k, |i, g| item(i, i, g, Par::Seq)) {
+        d.for_each(|o, ia, ib| item(o, ib, &mut da[ia * m * k..(ia + 1) * m * k], par));
     }
-    d.for_each(|o, ia, ib| {
-        T::gemm(
-            &mut da[ia * m * k..(ia + 1) * m * k],
-            &dout[o * m * n..(o + 1) * m * n],
-            false,
-            &b[ib * k * n..(ib + 1) * k * n],
-            true,
-            (m, n, k),
-            true,
-            par,
-        );
-    });
 }
 
 /// `db[ib] += a[ia]ᵀ · dout[i]` over the batch.
 pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], par: Par) {
     let (m, k, n) = (d.m, d.k, d.n);
-    if let Some(threads) = spread(d, par) {
-        let items = d.batch.numel();
-        super::par::for_chunks(threads, &mut db[..items * k * n], k * n, &|s, g: &mut [T]| {
-            let i = s / (k * n);
-            T::gemm(
-                g,
-                &a[i * m * k..(i + 1) * m * k],
-                true,
-                &dout[i * m * n..(i + 1) * m * n],
-                false,
-                (k, m, n),
-                true,
-                Par::Seq,
-            );
-        });
-        return;
+    let item = |o: usize, ia: usize, g: &mut [T], par| {
+        let (a, dout) = (&a[ia * m * k..(ia + 1) * m * k], &dout[o * m * n..(o + 1) * m * n]);
+        T::gemm(g, a, true, dout, false, (k, m, n), true, par);
+    };
+    if !spread(d, par, db, k * n, |i, g| item(i, i, g, Par::Seq)) {
+        d.for_each(|o, ia, ib| item(o, ia, &mut db[ib * k * n..(ib + 1) * k * n], par));
     }
-    d.for_each(|o, ia, ib| {
-        T::gemm(
-            &mut db[ib * k * n..(ib + 1) * k * n],
-            &a[ia * m * k..(ia + 1) * m * k],
-            true,
-            &dout[o * m * n..(o + 1) * m * n],
-            false,
-            (k, m, n),
-            true,
-            par,
-        );
-    });
 }

@@ -8,33 +8,12 @@ use faer::Par;
 use super::{par, simd};
 use crate::Float;
 
-/// `Σ f(v)` over a row in eight lanes, as [`super::sum`] adds.
-#[inline(always)]
-fn lanes_sum<T: Float>(row: &[T], f: impl Fn(T) -> T) -> T {
-    let mut lanes = [T::ZERO; 8];
-    let chunks = row.chunks_exact(8);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for (l, &v) in lanes.iter_mut().zip(ch) {
-            *l += f(v);
-        }
-    }
-    let mut total = T::ZERO;
-    for l in lanes {
-        total += l;
-    }
-    for &v in rest {
-        total += f(v);
-    }
-    total
-}
-
 /// The mean of a row and `1/√(σ² + eps)`, `σ²` by a second pass over `x − μ`.
 #[inline(always)]
 fn stats<T: Float>(row: &[T], eps: T) -> (T, T) {
     let n = T::from_usize(row.len());
-    let mean = lanes_sum(row, move |v| v) / n;
-    let var = lanes_sum(row, move |v| (v - mean) * (v - mean)) / n;
+    let mean = super::sum_map(row, move |v| v) / n;
+    let var = super::sum_map(row, move |v| (v - mean) * (v - mean)) / n;
     (mean, T::ONE / (var + eps).sqrt())
 }
 

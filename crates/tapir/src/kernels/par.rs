@@ -109,42 +109,11 @@ pub(crate) fn map_grad<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mu
     }
 }
 
+/// Each chunk runs under SIMD dispatch ([`super::map_grad_long`]): a chunk is long enough
+/// that the dispatch check costs nothing, and through the plain kernel the chunks ran at
+/// the baseline instruction set (GELU's derivative took a fifth of a W10 step).
 #[inline(never)]
 fn map_grad_chunks<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
-    for_chunks(threads(par), dx, CHUNK, &|s, g: &mut [T]| {
-        let e = s + g.len();
-        super::map_grad(
-            &dout[s..e],
-            &x[s..e],
-            &y[s..e],
-            g,
-            #[inline(always)]
-            |a, b| d(a, b),
-        );
-    });
-}
-
-/// As [`map_grad`] for a long derivative formula: each chunk runs the kernel under SIMD
-/// dispatch (see [`super::map_grad_long`]). Through the plain kernel the chunks ran at the
-/// baseline instruction set, and GELU's derivative took a fifth of a W10 step.
-#[inline]
-pub(crate) fn map_grad_long<T: Float>(
-    par: Par,
-    dout: &[T],
-    x: &[T],
-    y: &[T],
-    dx: &mut [T],
-    d: impl Fn(T, T) -> T + Sync,
-) {
-    if dx.len() < MIN_PARALLEL {
-        super::map_grad_long(dout, x, y, dx, d);
-    } else {
-        map_grad_long_chunks(par, dout, x, y, dx, d);
-    }
-}
-
-#[inline(never)]
-fn map_grad_long_chunks<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {
     for_chunks(threads(par), dx, CHUNK, &|s, g: &mut [T]| {
         let e = s + g.len();
         super::map_grad_long(

@@ -288,7 +288,11 @@ impl<T: Float> GradMap<T> for Grad<'_, '_, T> {
     #[inline]
     fn map_long(self, d: impl Fn(T, T) -> T + Sync) {
         let (x, y) = (self.tape.value(self.x), self.tape.value(self.y));
-        par::map_grad_long(self.par, self.dout, x, y, self.dx, d);
+        if self.dout.len() < par::MIN_PARALLEL {
+            kernels::map_grad_long(self.dout, x, y, self.dx, d);
+        } else {
+            par::map_grad(self.par, self.dout, x, y, self.dx, d);
+        }
     }
 }
 

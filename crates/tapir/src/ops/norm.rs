@@ -62,6 +62,9 @@ fn inputs<'s>(ids: impl Iterator<Item = NodeId<'s>>) -> [NodeId<'s>; 3] {
     [next(), next(), next()]
 }
 
+/// Out of line: the walk's dispatcher inlines `Op::backward`, and every shape-`[1]` op's
+/// backward pays for the size of what is inlined into it (W3, callgrind).
+#[inline(never)]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

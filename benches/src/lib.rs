@@ -1,4 +1,4 @@
-//! The Tapir side of the benchmark workloads W1–W8 and their faer-direct baselines, shared
+//! The Tapir side of the benchmark workloads W1–W10 and their faer-direct baselines, shared
 //! by the criterion benches (`cargo bench -p benches`) and the comparison runner
 //! (`benches/compare`, `just compare`), so that both measure exactly the same code.
 //!
@@ -12,6 +12,7 @@
 //! | W6       | tape and arena bytes per recorded node ([`bytes_per_node`])               |
 //! | W7       | Hessian-vector product of W2's loss over all parameters, and its gradient ([`MlpHvp`]) |
 //! | W8       | deep MLP (32 layers, batch 4096) with and without checkpointing ([`DeepMlp`]) |
+//! | W10      | one training step of `train_chars`' character-level GPT ([`CharStep`])   |
 //!
 //! The baselines ([`FaerSeedLoop`], [`FaerMlp`]) run the same GEMMs straight on faer with
 //! preallocated outputs: the best a GEMM-bound autodiff step could do, so that Tapir's
@@ -24,8 +25,10 @@ use faer::{Accum, Mat, Par};
 use rand::SeedableRng;
 use tapir::{GradBuffer, Graph, ParamId, ParamStore, Tensor, Var};
 
+mod w10;
 mod w8;
 
+pub use w10::{CharStep, W10_BATCH, W10_CONFIG, W10_TOKENS};
 pub use w8::{DeepMlp, W8_BATCH, W8_EVERY, W8_HIDDEN, W8_WIDTH};
 
 /// Matrix size of W1.

@@ -19,7 +19,6 @@ mod burn_peer;
 mod candle_peer;
 mod peer;
 mod tapir_peer;
-mod w10;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -125,7 +125,7 @@ pub fn run(p: &mut dyn Peer, workload: &str, w5_steps: usize) {
             }
             let step_ms = median(&mut times);
             emit("w10_ms", step_ms);
-            emit("w10_tokens_per_s", crate::w10::TOKENS as f64 / step_ms * 1e3);
+            emit("w10_tokens_per_s", benches::W10_TOKENS as f64 / step_ms * 1e3);
             emit("w10_peak_mib", peak_mib());
             emit("w10_growth_mib", rss_mib() - rss10);
         }

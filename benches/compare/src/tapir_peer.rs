@@ -14,7 +14,7 @@ pub struct Tapir {
     w1: Option<SeedLoop>,
     w2: Option<Mlp>,
     w7: Option<(MlpHvp, Vec<Vec<f32>>)>,
-    w10: Option<crate::w10::CharStep>,
+    w10: Option<benches::CharStep>,
     w8: Option<DeepMlp>,
     leaves: Vec<Tensor<f32>>,
 }
@@ -112,7 +112,7 @@ impl Peer for Tapir {
     }
 
     fn w10_init(&mut self) -> bool {
-        self.w10 = Some(crate::w10::CharStep::new());
+        self.w10 = Some(benches::CharStep::new());
         true
     }
 

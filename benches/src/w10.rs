@@ -11,11 +11,11 @@ use tapir_nn::optim::{clip_grad_norm, AdamW, Optimizer};
 use tapir_nn::{Ctx, Gpt, GptConfig};
 
 /// The model's shape, as in the example.
-pub const CONFIG: GptConfig = GptConfig { vocab: 96, context: 64, dim: 128, heads: 4, layers: 4 };
+pub const W10_CONFIG: GptConfig = GptConfig { vocab: 96, context: 64, dim: 128, heads: 4, layers: 4 };
 /// Sequences per batch.
-pub const BATCH: usize = 32;
+pub const W10_BATCH: usize = 32;
 /// Tokens per step.
-pub const TOKENS: usize = BATCH * 64;
+pub const W10_TOKENS: usize = W10_BATCH * 64;
 
 /// The model, its optimizer and one fixed batch.
 pub struct CharStep {
@@ -28,16 +28,19 @@ pub struct CharStep {
 }
 
 impl CharStep {
+    /// The model drawn from seed 0, AdamW (lr 1e-3, weight decay 0.01, betas 0.9/0.95)
+    /// and one random batch.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> CharStep {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let mut store = ParamStore::new();
-        let model = Gpt::new(&mut store, CONFIG, &mut rng).expect("a valid configuration");
+        let model = Gpt::new(&mut store, W10_CONFIG, &mut rng).expect("a valid configuration");
         let grads = store.zeros_like().expect("gradient buffers fit in memory");
         let opt = AdamW::new(&store, 1e-3, 0.01)
             .and_then(|o| o.betas(0.9, 0.95))
             .expect("valid hyper-parameters and moments that fit in memory");
-        let x = (0..TOKENS).map(|_| rng.random_range(0..CONFIG.vocab)).collect();
-        let y = (0..TOKENS).map(|_| rng.random_range(0..CONFIG.vocab)).collect();
+        let x = (0..W10_TOKENS).map(|_| rng.random_range(0..W10_CONFIG.vocab)).collect();
+        let y = (0..W10_TOKENS).map(|_| rng.random_range(0..W10_CONFIG.vocab)).collect();
         CharStep { model, store, grads, opt, x, y }
     }
 
@@ -47,7 +50,7 @@ impl CharStep {
         grads.zero();
         let loss = graph
             .scope(|s| {
-                let (loss, _) = model.loss(Ctx::train(s, store), x, y, CONFIG.context);
+                let (loss, _) = model.loss(Ctx::train(s, store), x, y, W10_CONFIG.context);
                 s.backward_into(loss, grads)?;
                 loss.item()
             })

@@ -109,6 +109,22 @@ pub trait Float:
         accumulate: bool,
         par: faer::Par,
     );
+
+    /// One-thread matrix product of strided blocks (see `kernels::matmul::gemm_strided`).
+    #[allow(clippy::too_many_arguments)]
+    #[doc(hidden)]
+    fn gemm_strided(
+        dst: &mut [Self],
+        ld_dst: usize,
+        a: &[Self],
+        lda: usize,
+        a_t: bool,
+        b: &[Self],
+        ldb: usize,
+        b_t: bool,
+        mkn: (usize, usize, usize),
+        accumulate: bool,
+    );
 }
 
 macro_rules! impl_float {
@@ -220,6 +236,20 @@ macro_rules! impl_float {
                 par: faer::Par,
             ) {
                 crate::kernels::matmul::gemm(dst, a, a_t, b, b_t, (m, k, n), accumulate, par)
+            }
+            fn gemm_strided(
+                dst: &mut [Self],
+                ld_dst: usize,
+                a: &[Self],
+                lda: usize,
+                a_t: bool,
+                b: &[Self],
+                ldb: usize,
+                b_t: bool,
+                mkn: (usize, usize, usize),
+                accumulate: bool,
+            ) {
+                crate::kernels::matmul::gemm_strided(dst, ld_dst, a, lda, a_t, b, ldb, b_t, mkn, accumulate)
             }
         }
     };

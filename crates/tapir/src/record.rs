@@ -181,6 +181,15 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         }
     }
 
+    /// Hands a scratch buffer from [`fresh_grad`](Self::fresh_grad) back, for a later
+    /// buffer of the same size, when the walk reuses released gradients (else it stays
+    /// in the arena until the scope ends).
+    pub fn release(&mut self, scratch: &'s mut [T]) {
+        if let Some(spare) = self.spare.as_deref_mut() {
+            spare.push(scratch);
+        }
+    }
+
     #[inline]
     pub fn value(&self, id: NodeId<'s>) -> &'s [T] {
         self.tape.value(id)

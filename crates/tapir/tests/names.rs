@@ -61,6 +61,8 @@ struct Inputs {
     bias: Tensor<f64>,
     /// `[3]`: a row's scale or shift.
     row: Tensor<f64>,
+    /// `[1, 1, 2, 2]`: attention weights over `x` seen as `qkv: [1, 2, 3]`.
+    weights: Tensor<f64>,
 }
 
 impl Inputs {
@@ -72,7 +74,8 @@ impl Inputs {
         let mask = Tensor::from_vec(vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0], &[2, 3]).unwrap();
         let bias = Tensor::from_vec(vec![0.5, -0.5], &[2]).unwrap();
         let row = Tensor::from_vec(vec![0.5, -1.0, 2.0], &[3]).unwrap();
-        Inputs { x, y, w, img, mask, bias, row }
+        let weights = Tensor::from_vec(vec![1.0, 0.0, 0.25, 0.75], &[1, 1, 2, 2]).unwrap();
+        Inputs { x, y, w, img, mask, bias, row, weights }
     }
 }
 
@@ -125,6 +128,8 @@ fn example<'s, 'g>(s: &'s Scope<'s, 'g, f64>, t: &'g Inputs, kind: OpKind) -> Va
         OpKind::MatMul => x.matmul(w),
         OpKind::Linear => x.linear(w, s.leaf(&t.bias)),
         OpKind::LayerNorm => x.layer_norm(s.leaf(&t.row), s.leaf(&t.row), 1e-5),
+        OpKind::AttentionWeights => x.reshape(&[1, 2, 3]).attention_weights(1, true),
+        OpKind::Attend => s.leaf(&t.weights).attend(x.reshape(&[1, 2, 3])),
         OpKind::Reshape => x.reshape(&[3, 2]),
         OpKind::Permute => x.permute(&[1, 0]),
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]),
@@ -229,7 +234,7 @@ fn every_kind_has_one_name_in_errors_anomalies_and_dumps() {
         assert!(dot_has_label(kind), "DOT label of {kind:?}");
     }
     // Every unary and binary function, and the structural kinds, were visited.
-    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 31);
+    assert_eq!(kinds, UnaryFn::ALL.len() + BinaryFn::ALL.len() + 33);
 }
 
 #[test]

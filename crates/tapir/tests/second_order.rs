@@ -111,6 +111,8 @@ fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> V
         OpKind::MatMul => x.matmul(w).square(),
         OpKind::Linear => x.linear(w, y.sum_axes(&[1], false)).square(),
         OpKind::LayerNorm => x.layer_norm(y.sum_axes(&[0], false), y.narrow(0, 1, 1).reshape(&[3]), 1e-3).square(),
+        OpKind::AttentionWeights => x.reshape(&[1, 2, 3]).attention_weights(1, true).square(),
+        OpKind::Attend => (x * y).narrow(1, 0, 2).reshape(&[1, 1, 2, 2]).attend(y.exp().reshape(&[1, 2, 3])).square(),
         OpKind::Reshape => x.reshape(&[3, 2]).matmul(x),
         OpKind::Permute => x.permute(&[1, 0]) * w,
         OpKind::BroadcastTo => x.broadcast_to(&[4, 2, 3]) * y,

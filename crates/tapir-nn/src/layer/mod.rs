@@ -13,7 +13,7 @@ mod norm;
 mod transformer;
 
 pub use activation::Activation;
-pub use attention::{CausalSelfAttention, MASKED_SCORE};
+pub use attention::CausalSelfAttention;
 pub use conv::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;

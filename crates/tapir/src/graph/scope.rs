@@ -621,6 +621,16 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         }
     }
 
+    /// Records [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `op`, the
+    /// caller's location and `detail` as the scope's error (unless it already holds one,
+    /// which is kept), and returns a poisoned handle: a layer's or a user's own argument
+    /// check, reported like an op's.
+    #[track_caller]
+    pub fn invalid(&'s self, op: &'static str, detail: String) -> Var<'s, T> {
+        let location = std::panic::Location::caller();
+        self.core.fail_as(op, |op| crate::Error::InvalidArgument { op, detail, location })
+    }
+
     /// Nodes recorded so far, tape bytes and arena use, now.
     pub fn stats(&self) -> GraphStats {
         let tape = self.core.tape.borrow();

@@ -51,6 +51,42 @@ pub(crate) fn gemm<T>(
     }
 }
 
+/// `dst ← op(a)·op(b) (+ dst if accumulate)` on one thread, for matrices that sit inside
+/// larger row-major buffers: `dst` is `m×n` with `ld_dst` elements between row starts,
+/// `a` is `m×k` (stored `k×m` when `a_t`) with row stride `lda`, `b` is `k×n` (stored
+/// `n×k` when `b_t`) with row stride `ldb`. Each slice starts at its matrix's first element
+/// and reaches at least its last. Attention's heads are such blocks of a packed
+/// `[T, 3C]` sequence.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_strided<T>(
+    dst: &mut [T],
+    ld_dst: usize,
+    a: &[T],
+    lda: usize,
+    a_t: bool,
+    b: &[T],
+    ldb: usize,
+    b_t: bool,
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+) where
+    T: faer::traits::ComplexField + faer::traits::Conjugate<Canonical = T> + Float,
+{
+    // Not `MatMut::from_row_major_slice_with_stride_mut`: faer 0.24.4's builds a
+    // column-major view (unit row stride), so the transposed column-major view it is.
+    let dst = MatMut::from_column_major_slice_with_stride_mut(dst, n, m, ld_dst).transpose_mut();
+    let view = |x, rows, cols, ld, t: bool| {
+        if t {
+            MatRef::from_row_major_slice_with_stride(x, cols, rows, ld).transpose()
+        } else {
+            MatRef::from_row_major_slice_with_stride(x, rows, cols, ld)
+        }
+    };
+    let (a, b) = (view(a, m, k, lda, a_t), view(b, k, n, ldb, b_t));
+    let beta = if accumulate { Accum::Add } else { Accum::Replace };
+    matmul(dst, beta, a, b, T::ONE, Par::Seq);
+}
+
 /// Tile boundaries fall on multiples of this many rows or columns.
 const TILE_ALIGN: usize = 32;
 /// The fewest multiply-adds a tile gets: well above faer's small-matrix cut-off (16³), and

@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 mod accuracy;
+pub(crate) mod attention;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod par;

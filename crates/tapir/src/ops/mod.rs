@@ -12,6 +12,7 @@
 //! | `reduce.rs`    | `sum`, `sum_axes`, `max_axes`, `min_axes`, `logsumexp`                    |
 //! | `softmax.rs`   | `softmax`, `log_softmax`                                                  |
 //! | `norm.rs`      | `layer_norm` (normalisation, scale and shift in one node)                 |
+//! | `attention.rs` | `attention_weights`, `attend`: multi-head attention on a packed `qkv`     |
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
 //! | `custom.rs`    | user-defined ops ([`CustomOp`]), through the scope's side table           |
@@ -30,6 +31,7 @@
 //! Ops depend on the recording/backward toolkit in [`crate::record`], never on the tape's
 //! or the scope's internals; the tape and the backward walk depend on `Op`.
 
+pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod checkpoint;
 pub(crate) mod conv;
@@ -105,6 +107,10 @@ op_kinds! {
     Linear => "linear",
     /// Layer normalisation over the last axis, with scale and shift, in one node.
     LayerNorm => "layer_norm",
+    /// Softmax of scaled query-key products per head of a packed `qkv` (causal or not).
+    AttentionWeights => "attention_weights",
+    /// Attention weights applied to the value heads of a packed `qkv`.
+    Attend => "attend",
     /// The same elements under another shape (also squeeze, unsqueeze, flatten).
     Reshape => "reshape",
     /// Axis permutation (also transpose).
@@ -190,6 +196,15 @@ pub(crate) enum Op<'s, T> {
     LayerNorm {
         first: u32,
         eps: T,
+    },
+    /// The mask needs no field: backward reads it from the zeros of the weights.
+    AttentionWeights {
+        qkv: NodeId<'s>,
+        heads: u32,
+    },
+    Attend {
+        p: NodeId<'s>,
+        qkv: NodeId<'s>,
     },
     /// The value aliases the input's.
     Reshape {
@@ -334,6 +349,8 @@ impl<'s, T> Op<'s, T> {
             MatMul { .. } => OpKind::MatMul,
             Linear { .. } => OpKind::Linear,
             LayerNorm { .. } => OpKind::LayerNorm,
+            AttentionWeights { .. } => OpKind::AttentionWeights,
+            Attend { .. } => OpKind::Attend,
             Reshape { .. } => OpKind::Reshape,
             Permute { .. } => OpKind::Permute,
             BroadcastTo { .. } => OpKind::BroadcastTo,
@@ -378,12 +395,14 @@ impl<'s, T> Op<'s, T> {
             Leaf | Variable | Param(_) => Inputs::Fixed([NodeId::POISON; 3], 0),
             Binary { a, b, .. } | MatMul { a, b } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
+            Attend { p, qkv } => two(p, qkv),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
             Linear { x, w, b } => Inputs::Fixed([x, w, b], 3),
             LayerNorm { first, .. } => Inputs::Stored { at: first, count: 3 },
             Concat { first, count, .. } | Custom { first, count, .. } | Checkpoint { first, count, .. } => {
                 Inputs::Stored { at: first, count }
             }
+            AttentionWeights { qkv, .. } => one(qkv),
             Unary { x, .. }
             | Reshape { x }
             | Permute { x, .. }
@@ -422,6 +441,8 @@ impl<'s, T: Float> Op<'s, T> {
             MatMul { a, b } => matmul::backward(ctx, out, a, b),
             Linear { x, w, b } => matmul::backward_linear(ctx, out, x, w, b),
             LayerNorm { first, eps } => norm::backward(ctx, out, first, eps),
+            AttentionWeights { qkv, heads } => attention::backward_weights(ctx, out, qkv, heads),
+            Attend { p, qkv } => attention::backward_attend(ctx, out, p, qkv),
             Reshape { x } => shape_ops::backward_reshape(ctx, out, x),
             Permute { x, axes } => shape_ops::backward_permute(ctx, out, x, axes),
             BroadcastTo { x } => shape_ops::backward_broadcast(ctx, out, x),
@@ -463,6 +484,8 @@ impl<'s, T: Float> Op<'s, T> {
             MatMul { a, b } => matmul::grad(ctx, g, a, b),
             Linear { x, w, b } => matmul::grad_linear(ctx, g, x, w, b),
             LayerNorm { first, eps } => norm::grad(ctx, g, first, eps),
+            AttentionWeights { qkv, heads } => attention::grad_weights(ctx, out, g, qkv, heads),
+            Attend { p, qkv } => attention::grad_attend(ctx, g, p, qkv),
             Reshape { x } => shape_ops::grad_reshape(ctx, g, x),
             Permute { x, axes } => shape_ops::grad_permute(ctx, g, x, axes),
             BroadcastTo { x } => shape_ops::grad_broadcast(ctx, g, x),

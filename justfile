@@ -47,11 +47,13 @@ compare *ARGS:
 
 # PyPI's Linux torch wheel also pulls the CUDA libraries (several GB); TORCH_INDEX=
 # https://download.pytorch.org/whl/cpu, where that index is reachable, gets the CPU-only wheel.
-# Make benches/compare/.venv (which `just compare` then uses) with pinned PyTorch and JAX.
+# Make benches/compare/.venv (which `just compare` then uses) with pinned PyTorch and JAX, and
+# safetensors and numpy for the checkpoint check of train_chars (examples/chars/gpt_torch.py).
 compare-setup TORCH_INDEX="":
     python3 -m venv benches/compare/.venv
     benches/compare/.venv/bin/pip install {{ if TORCH_INDEX == "" { "" } else { "--index-url " + TORCH_INDEX } }} torch==2.15.0
     benches/compare/.venv/bin/pip install jax==0.10.2 jaxlib==0.10.2
+    benches/compare/.venv/bin/pip install safetensors==0.8.0 numpy==2.4.6
 
 # Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
 # Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.

@@ -97,7 +97,7 @@ impl MlpHvp {
                 let h = h.value().expect("W7 records no error");
                 o.clear();
                 o.extend_from_slice(h);
-                check += h.iter().zip(v.data()).map(|(a, b)| a * b).sum::<f32>();
+                check += dot_lanes(h, v.data());
             }
             check
         })
@@ -107,6 +107,21 @@ impl MlpHvp {
     pub fn out(&self) -> Vec<Vec<f32>> {
         self.v.iter().map(|v| Vec::with_capacity(v.numel())).collect()
     }
+}
+
+/// `Σ aᵢbᵢ` in 16 lanes, so that it vectorises: the checksum of 1.8 million products as
+/// one sequential `f32` sum was a chain of dependent additions (about 2 ms, a serial part
+/// of every timed HVP), where the PyTorch peer sums `h * v` with its own vectorised ops.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for ((l, x), y) in lanes.iter_mut().zip(x).zip(y) {
+            *l += x * y;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 impl Default for MlpHvp {

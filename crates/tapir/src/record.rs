@@ -284,7 +284,13 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
         for id in ids.rev() {
             let (op, slot) = (self.core.tape.borrow().nodes[id.index()].op, self.slots[id]);
             let Some(g) = slot.grad.filter(|_| slot.needed) else { continue };
-            op.grad(self, id, Var { core: self.core, id: g })?;
+            if matches!(op, Op::Leaf | Op::Variable | Op::Param(_)) {
+                // No inputs: nothing to record (and a pending broadcast stays small).
+                continue;
+            }
+            let g = Var { core: self.core, id: g };
+            let g = if slot.bcast { self.expand(op, id, g) } else { g };
+            op.grad(self, id, g)?;
             if self.core.tape.borrow().error.is_some() {
                 return Ok(());
             }
@@ -308,10 +314,46 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
     #[track_caller]
     pub fn add(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
         let slot = &mut self.slots[id];
+        // A pending broadcast (`add_broadcast`) is added by broadcasting: `prev + g` has
+        // `g`'s shape, and the broadcast is never materialised.
         slot.grad = Some(match slot.grad {
             None => g.id,
             Some(prev) => (Var { core: self.core, id: prev } + g).id,
         });
+        slot.bcast = false;
+    }
+
+    /// Adds `g` broadcast to `id`'s shape (NumPy rules) to `id`'s gradient, without
+    /// materialising the broadcast: the derivative of a sum. The slot keeps `g` small
+    /// until a full-size contribution is added to it (one broadcasting `+`), the walk
+    /// reaches `id` (`expand`), or the walk hands it out as an input's gradient.
+    #[track_caller]
+    pub fn add_broadcast(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
+        if g.shape() == self.shape(id) {
+            return self.add(id, g);
+        }
+        let slot = &mut self.slots[id];
+        match slot.grad {
+            None => (slot.grad, slot.bcast) = (Some(g.id), true),
+            // Two pending broadcasts give one of their broadcast shape, which still
+            // broadcasts to `id`'s; a pending one and a full one give a full one.
+            Some(prev) => slot.grad = Some((Var { core: self.core, id: prev } + g).id),
+        }
+    }
+
+    /// The gradient `g` of node `id`, pending a broadcast to `id`'s shape, as its
+    /// derivative `op.grad` needs it: still small where the derivative broadcasts it
+    /// anyway (`a ⊙ b` with `a`, `b` and the output of one shape: `g ⊙ b` has that shape),
+    /// else materialised.
+    #[track_caller]
+    fn expand(&self, op: Op<'s, T>, id: NodeId<'s>, g: Var<'s, T>) -> Var<'s, T> {
+        let so = self.shape(id);
+        if let Op::Binary { f: crate::ops::BinaryFn::Mul, a, b } = op {
+            if self.shape(a) == so && self.shape(b) == so {
+                return g;
+            }
+        }
+        g.broadcast_to(&so.to_array()[..so.rank()])
     }
 
     /// Adds `g`, summed over the dimensions along which `id` was broadcast, to `id`'s gradient.

@@ -310,6 +310,40 @@ fn jvp_and_jacobian_agree_with_a_closed_form() {
     }
 }
 
+/// A sum's recorded derivative is kept small until needed (`GradCtx::add_broadcast`):
+/// two sums of one input, a full-size contribution after them, an input reached only
+/// through a sum, and a product of the summed values. `L = Σx + Σ_j (Σ_i x_ij)·c_j + Σ x²
+/// + Σ(y ⊙ z)`, so `∂L/∂x = 1 + c + 2x` (c broadcast over rows), `∂L/∂y = z`, `∂L/∂z = y`.
+#[test]
+fn sums_derivatives_broadcast_lazily() {
+    let x = Tensor::from_vec(vec![0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &[2, 3]).unwrap();
+    let (y, z) = (x.map(|v| v + 1.0).unwrap(), x.map(|v| 2.0 - v).unwrap());
+    let c = [0.3, -0.2, 0.7];
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let (xv, yv, zv) = (s.leaf(&x), s.leaf(&y), s.leaf(&z));
+        let l =
+            xv.sum() + (xv.sum_axes(&[0], true) * s.tensor(&c, &[1, 3])).sum() + xv.square().sum() + (yv * zv).sum();
+        let [dx, dy, dz] = s.grad(l, [xv, yv, zv]).unwrap();
+        assert_eq!(dx.shape().to_vec(), vec![2, 3]);
+        for (i, (d, xi)) in dx.value().unwrap().iter().zip(x.data()).enumerate() {
+            assert!((d - (1.0 + c[i % 3] + 2.0 * xi)).abs() < 1e-12, "{i}: {d}");
+        }
+        assert_eq!(dy.value().unwrap(), z.data());
+        assert_eq!(dz.value().unwrap(), y.data());
+        // The Hessian-vector product of the same L in direction u: 2u for x, (u_z, u_y).
+        let u = s.tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let m = (dx * u).sum() + (dy * u).sum() + (dz * u.mul_scalar(2.0)).sum();
+        let [hx, hy, hz] = s.grad(m, [xv, yv, zv]).unwrap();
+        assert_eq!(hx.value().unwrap(), &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+        assert_eq!(hy.value().unwrap(), &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+        assert_eq!(hz.value().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        // A sum's derivative handed out directly has the input's shape.
+        let [ones] = s.grad(xv.sum(), [xv]).unwrap();
+        assert_eq!((ones.shape().to_vec(), ones.value().unwrap()), (vec![2, 3], &[1.0; 6][..]));
+    });
+}
+
 #[test]
 fn grad_semantics_and_errors() {
     let x = Tensor::from_vec(vec![1.0f64, 2.0], &[2]).unwrap();

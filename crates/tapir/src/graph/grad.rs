@@ -190,8 +190,11 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         }
         let slots = ctx.slots;
         for (o, x) in out.iter_mut().zip(xs) {
-            let g = slots.get(x.id).and_then(|s| s.grad.filter(|_| s.needed));
-            *o = match g {
+            let slot = slots.get(x.id).copied().filter(|s| s.needed).unwrap_or_default();
+            *o = match slot.grad {
+                // A sum's derivative kept small (`GradCtx::add_broadcast`) is handed out
+                // at the input's shape.
+                Some(id) if slot.bcast => Var { core, id }.broadcast_to(&x.shape().to_array()[..x.shape().rank()]),
                 Some(id) => Var { core, id },
                 None => self.filled(x.shape(), T::ZERO),
             };

@@ -113,6 +113,9 @@ pub(crate) struct Slot<'s> {
     pub needed: bool,
     /// The gradient handle accumulated so far (`None`: no contribution yet).
     pub grad: Option<NodeId<'s>>,
+    /// Whether `grad` is still to be broadcast to the node's shape: the derivative of a
+    /// sum, kept small until something needs it at full size (see `GradCtx::add_broadcast`).
+    pub bcast: bool,
 }
 
 /// Empties `v` and gives it back with another element type of the same layout (here: the

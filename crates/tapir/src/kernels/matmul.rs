@@ -117,7 +117,9 @@ where
     }
 }
 
-/// The shapes of a (batched) product: `a: [..., m, k]`, `b: [..., k, n]`.
+/// The shapes of a (batched) product `op(a)·op(b)`: `op(a): [..., m, k]`,
+/// `op(b): [..., k, n]`, where `op` transposes the last two axes of an operand whose flag
+/// is set (`a` is then stored `[..., k, m]`, `b` `[..., n, k]`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MatMulDims {
     pub m: usize,
@@ -127,6 +129,9 @@ pub(crate) struct MatMulDims {
     pub batch: Shape,
     pub a_batch: Shape,
     pub b_batch: Shape,
+    /// Whether `a`, `b` are used transposed.
+    pub ta: bool,
+    pub tb: bool,
 }
 
 impl MatMulDims {
@@ -134,12 +139,18 @@ impl MatMulDims {
     /// sizes differ or batch dims do not broadcast, `Err(Some(dims))` if the output `dims`
     /// would hold more elements than fit.
     pub(crate) fn new(a: &Shape, b: &Shape) -> Result<(MatMulDims, Shape), Option<Vec<usize>>> {
+        MatMulDims::new_t(a, b, false, false)
+    }
+
+    /// As [`new`](MatMulDims::new), for `op(a)·op(b)` with `a` transposed if `ta` and `b`
+    /// if `tb` (the last two axes; `a` and `b` are the stored shapes).
+    pub(crate) fn new_t(a: &Shape, b: &Shape, ta: bool, tb: bool) -> Result<(MatMulDims, Shape), Option<Vec<usize>>> {
         let (ra, rb) = (a.rank(), b.rank());
         if ra < 2 || rb < 2 {
             return Err(None);
         }
-        let (m, k) = (a.dim(ra - 2), a.dim(ra - 1));
-        let (k2, n) = (b.dim(rb - 2), b.dim(rb - 1));
+        let (m, k) = if ta { (a.dim(ra - 1), a.dim(ra - 2)) } else { (a.dim(ra - 2), a.dim(ra - 1)) };
+        let (k2, n) = if tb { (b.dim(rb - 1), b.dim(rb - 2)) } else { (b.dim(rb - 2), b.dim(rb - 1)) };
         if k != k2 {
             return Err(None);
         }
@@ -156,7 +167,7 @@ impl MatMulDims {
         out[r] = m;
         out[r + 1] = n;
         let out = Shape::new(&out[..r + 2]).map_err(|_| Some(out[..r + 2].to_vec()))?;
-        Ok((MatMulDims { m, k, n, batch, a_batch, b_batch }, out))
+        Ok((MatMulDims { m, k, n, batch, a_batch, b_batch, ta, tb }, out))
     }
 
     /// The typed error of a product of `a` and `b` that [`new`](MatMulDims::new) refused.
@@ -210,36 +221,46 @@ fn spread<T: Float>(d: &MatMulDims, par: Par, dst: &mut [T], len: usize, f: impl
     true
 }
 
-/// Batched forward: `out[i] = a[ia] · b[ib]`.
+/// Batched forward: `out[i] = op(a[ia]) · op(b[ib])`.
 pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T], par: Par) {
-    let (m, k, n) = (d.m, d.k, d.n);
+    let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
     let item = |ia: usize, ib: usize, o: &mut [T], par| {
         let (a, b) = (&a[ia * m * k..(ia + 1) * m * k], &b[ib * k * n..(ib + 1) * k * n]);
-        T::gemm(o, a, false, b, false, (m, k, n), false, par);
+        T::gemm(o, a, ta, b, tb, (m, k, n), false, par);
     };
     if !spread(d, par, out, m * n, |i, o| item(i, i, o, Par::Seq)) {
         d.for_each(|o, ia, ib| item(ia, ib, &mut out[o * m * n..(o + 1) * m * n], par));
     }
 }
 
-/// `da[ia] += dout[i] · b[ib]ᵀ` over the batch.
+/// `da[ia] += dout[i] · op(b[ib])ᵀ` over the batch (transposed back if `a` is used
+/// transposed: `da[ia] += op(b[ib]) · dout[i]ᵀ`).
 pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], par: Par) {
-    let (m, k, n) = (d.m, d.k, d.n);
+    let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
     let item = |o: usize, ib: usize, g: &mut [T], par| {
         let (dout, b) = (&dout[o * m * n..(o + 1) * m * n], &b[ib * k * n..(ib + 1) * k * n]);
-        T::gemm(g, dout, false, b, true, (m, n, k), true, par);
+        if ta {
+            T::gemm(g, b, tb, dout, true, (k, n, m), true, par);
+        } else {
+            T::gemm(g, dout, false, b, !tb, (m, n, k), true, par);
+        }
     };
     if !spread(d, par, da, m * k, |i, g| item(i, i, g, Par::Seq)) {
         d.for_each(|o, ia, ib| item(o, ib, &mut da[ia * m * k..(ia + 1) * m * k], par));
     }
 }
 
-/// `db[ib] += a[ia]ᵀ · dout[i]` over the batch.
+/// `db[ib] += op(a[ia])ᵀ · dout[i]` over the batch (transposed back if `b` is used
+/// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`).
 pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], par: Par) {
-    let (m, k, n) = (d.m, d.k, d.n);
+    let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
     let item = |o: usize, ia: usize, g: &mut [T], par| {
         let (a, dout) = (&a[ia * m * k..(ia + 1) * m * k], &dout[o * m * n..(o + 1) * m * n]);
-        T::gemm(g, a, true, dout, false, (k, m, n), true, par);
+        if tb {
+            T::gemm(g, dout, true, a, ta, (n, m, k), true, par);
+        } else {
+            T::gemm(g, a, !ta, dout, false, (k, m, n), true, par);
+        }
     };
     if !spread(d, par, db, k * n, |i, g| item(i, i, g, Par::Seq)) {
         d.for_each(|o, ia, ib| item(o, ia, &mut db[ib * k * n..(ib + 1) * k * n], par));

@@ -116,6 +116,16 @@ fn binary_loop<T: Float>(
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = f(x, y);
         }
+    } else if let (true, [y]) = (sa == so, b) {
+        // One element against many (a recorded sum's derivative): a flat loop, where the
+        // tiled one below would run rows of length 1.
+        for (o, &x) in out.iter_mut().zip(a) {
+            *o = f(x, *y);
+        }
+    } else if let (true, [x]) = (sb == so, a) {
+        for (o, &y) in out.iter_mut().zip(b) {
+            *o = f(*x, y);
+        }
     } else if let (true, Some(n)) = (sa == so, tile_len(sb, so)) {
         for (oc, ac) in out.chunks_exact_mut(n).zip(a.chunks_exact(n)) {
             for ((o, &x), &y) in oc.iter_mut().zip(ac).zip(b) {

@@ -13,6 +13,11 @@
 //! elements) and `dout: [M, n]`: `dx += dout · wᵀ`, `dw += xᵀ · dout`,
 //! `db += Σ_rows dout`, the bias sum by the same kernel as `+`'s broadcast gradient.
 //! Recorded derivative: `matmul`'s, plus `g` summed to `[n]` for `b`.
+//!
+//! Recorded derivatives (`Scope::grad`) multiply by transposed operands through
+//! `matmul_t`: a `matmul` node with a transpose flag per operand, which faer reads as a
+//! transposed view, so no `permute` copy is recorded (for W7's Hessian-vector product
+//! those copies were 4 MB transposes of the weights, several per call).
 
 use crate::error::Result;
 use crate::graph::{NodeId, Var};
@@ -31,13 +36,22 @@ impl<'s, T: Float> Var<'s, T> {
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) if the output would not fit in memory.
     #[track_caller]
     pub fn matmul(self, b: Var<'s, T>) -> Var<'s, T> {
+        self.matmul_t(b, false, false)
+    }
+
+    /// `op(self)·op(b)`, where `op` transposes the last two axes of `self` if `ta` and of
+    /// `b` if `tb`, without copying either: the product the recorded derivatives of
+    /// `matmul` and `linear` need (`g·bᵀ`, `aᵀ·g`). One node, `matmul`.
+    #[track_caller]
+    pub(crate) fn matmul_t(self, b: Var<'s, T>, ta: bool, tb: bool) -> Var<'s, T> {
         let par = self.core.par;
         self.core.record(OpKind::MatMul, |r| {
             let (sa, sb) = (r.shape(self.id), r.shape(b.id));
-            let (dims, so) = MatMulDims::new(&sa, &sb).map_err(|p| MatMulDims::error(r.op, sa, sb, p, r.location))?;
+            let (dims, so) =
+                MatMulDims::new_t(&sa, &sb, ta, tb).map_err(|p| MatMulDims::error(r.op, sa, sb, p, r.location))?;
             let out = r.alloc(so.numel())?;
             kmatmul::forward(&dims, r.value(self.id), r.value(b.id), out, par);
-            Ok((Op::MatMul { a: self.id, b: b.id }, so, out))
+            Ok((Op::MatMul { a: self.id, b: b.id, ta, tb }, so, out))
         })
     }
 
@@ -86,8 +100,12 @@ pub(crate) fn backward<'s, T: Float>(
     out: NodeId<'s>,
     a: NodeId<'s>,
     b: NodeId<'s>,
+    ta: bool,
+    tb: bool,
 ) -> Result<()> {
-    let dims = MatMulDims::new(&ctx.shape(a), &ctx.shape(b)).expect("shapes were checked when matmul was recorded").0;
+    let dims = MatMulDims::new_t(&ctx.shape(a), &ctx.shape(b), ta, tb)
+        .expect("shapes were checked when matmul was recorded")
+        .0;
     let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {
         kmatmul::backward_a(&dims, dout, vb, da, par);
@@ -142,48 +160,118 @@ pub(crate) fn grad_linear<'s, T: Float>(
     w: NodeId<'s>,
     b: NodeId<'s>,
 ) -> Result<()> {
-    grad(ctx, g, x, w)?;
+    grad(ctx, g, x, w, false, false)?;
     if ctx.wants(b) {
         ctx.add_reduced(b, g);
     }
     Ok(())
 }
 
-/// Recorded derivative: `da = g · bᵀ`, `db = aᵀ · g`, each summed over broadcast batch
-/// dimensions.
+/// Recorded derivative of `out = op(a)·op(b)`, as products of the stored operands with
+/// transpose flags (no transpose is materialised), each summed over broadcast batch
+/// dimensions: `da = g·op(b)ᵀ`, or `op(b)·gᵀ` if `a` is used transposed; `db = op(a)ᵀ·g`,
+/// or `gᵀ·op(a)` if `b` is. The products of these derivatives are again of this form, so
+/// every order of derivative is copy-free.
 #[track_caller]
 pub(crate) fn grad<'s, T: Float>(
     ctx: &mut GradCtx<'_, 's, T>,
     g: Var<'s, T>,
     a: NodeId<'s>,
     b: NodeId<'s>,
+    ta: bool,
+    tb: bool,
 ) -> Result<()> {
+    let (va, vb) = (ctx.var(a), ctx.var(b));
     if ctx.wants(a) {
-        let bt = transposed(ctx, b);
-        ctx.add_reduced(a, g.matmul(bt));
+        let da = if ta { vb.matmul_t(g, tb, true) } else { g.matmul_t(vb, false, !tb) };
+        ctx.add_reduced(a, da);
     }
     if ctx.wants(b) {
-        let at = transposed(ctx, a);
-        ctx.add_reduced(b, at.matmul(g));
+        let db = if tb { g.matmul_t(va, true, ta) } else { va.matmul_t(g, !ta, false) };
+        ctx.add_reduced(b, db);
     }
     Ok(())
 }
 
-/// `x.t()`, or the node `x` transposed if `x` is itself a transpose (the recorded
-/// derivative's own `bᵀ`, met again when that derivative is differentiated): the same
-/// value without a copy.
-#[track_caller]
-fn transposed<'s, T: Float>(ctx: &GradCtx<'_, 's, T>, x: NodeId<'s>) -> Var<'s, T> {
-    let op = ctx.core.tape.borrow().nodes[x.index()].op;
-    if let Op::Permute { x: inner, axes } = op {
-        let r = ctx.shape(x).rank();
-        let swap = r >= 2
-            && axes[r - 2] as usize == r - 1
-            && axes[r - 1] as usize == r - 2
-            && axes[..r - 2].iter().enumerate().all(|(i, &a)| a as usize == i);
-        if swap {
-            return ctx.var(inner);
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rand::{RngExt, SeedableRng};
+
+    use crate::testing::{gradcheck, gradgradcheck, GradcheckOptions};
+    use crate::{Graph, Tensor};
+
+    fn tensor(dims: &[usize], seed: u64) -> Tensor<f64> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let n: usize = dims.iter().product();
+        Tensor::from_vec((0..n).map(|_| rng.random_range(-2.0..2.0)).collect(), dims).unwrap()
+    }
+
+    /// The stored shapes of `a` and `b` for `op(a): [..., m, k]`, `op(b): [..., k, n]`:
+    /// plain, `a` batched, `b` batched with a broadcast batch axis.
+    fn stored(
+        which: u8,
+        batch: usize,
+        (m, k, n): (usize, usize, usize),
+        ta: bool,
+        tb: bool,
+    ) -> (Vec<usize>, Vec<usize>) {
+        let a = if ta { vec![k, m] } else { vec![m, k] };
+        let b = if tb { vec![n, k] } else { vec![k, n] };
+        let lead = |x: Vec<usize>, l: &[usize]| l.iter().copied().chain(x).collect::<Vec<_>>();
+        match which {
+            0 => (a, b),
+            1 => (lead(a, &[batch]), b),
+            _ => (lead(a, &[1]), lead(b, &[2, batch])),
         }
     }
-    ctx.var(x).t()
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// `matmul_t` equals `matmul` of explicitly transposed operands; its fast backward
+        /// and its recorded derivative match central differences.
+        #[test]
+        fn transposed_operands(which in 0u8..3, batch in 1usize..=2, m in 1usize..=3, k in 1usize..=3, n in 1usize..=3, ta: bool, tb: bool, seed: u64) {
+            let (sa, sb) = stored(which, batch, (m, k, n), ta, tb);
+            let inputs = [tensor(&sa, seed), tensor(&sb, seed ^ 1)];
+            let mut g = Graph::<f64>::new();
+            let (fused, explicit) = g.scope(|s| {
+                let (a, b) = (s.input(&inputs[0]), s.input(&inputs[1]));
+                let (oa, ob) = (if ta { a.t() } else { a }, if tb { b.t() } else { b });
+                (a.matmul_t(b, ta, tb).value().unwrap().to_vec(), oa.matmul(ob).value().unwrap().to_vec())
+            });
+            prop_assert_eq!(fused.len(), explicit.len());
+            for (x, y) in fused.iter().zip(&explicit) {
+                prop_assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{x} vs {y}");
+            }
+            let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
+            gradcheck(&inputs, opts, |_, v| v[0].matmul_t(v[1], ta, tb)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            gradgradcheck(&inputs, opts, |_, v| v[0].matmul_t(v[1], ta, tb).tanh())
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+    }
+
+    /// `backward` through a recorded gradient, whose products are transposed ones: the
+    /// Hessian-vector product of `L = Σ tanh(x·w)` by `backward` of `⟨∂L/∂(x, w), v⟩` equals
+    /// the one by a second recorded gradient.
+    #[test]
+    fn backward_through_recorded_products() {
+        let (x, w) = (tensor(&[3, 4], 1), tensor(&[4, 2], 2));
+        let (vx, vw) = (tensor(&[3, 4], 3), tensor(&[4, 2], 4));
+        let mut g = Graph::<f64>::new();
+        g.scope(|s| {
+            let (x, w) = (s.leaf(&x), s.leaf(&w));
+            let l = x.matmul(w).tanh().sum();
+            let [gx, gw] = s.grad(l, [x, w]).unwrap();
+            let dot = (gx * s.input(&vx)).sum() + (gw * s.input(&vw)).sum();
+            let [hx, hw] = s.grad(dot, [x, w]).unwrap();
+            s.backward(dot).unwrap();
+            for (h, p) in [(hx, x), (hw, w)] {
+                for (a, b) in h.value().unwrap().iter().zip(p.grad().unwrap()) {
+                    assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{a} vs {b}");
+                }
+            }
+        });
+    }
 }

@@ -183,9 +183,13 @@ pub(crate) enum Op<'s, T> {
         a: NodeId<'s>,
         b: NodeId<'s>,
     },
+    /// `op(a)·op(b)`, `op` transposing the last two axes of an operand whose flag is set:
+    /// the recorded derivatives of products use transposed operands without copying them.
     MatMul {
         a: NodeId<'s>,
         b: NodeId<'s>,
+        ta: bool,
+        tb: bool,
     },
     Linear {
         x: NodeId<'s>,
@@ -393,7 +397,7 @@ impl<'s, T> Op<'s, T> {
         let two = |a, b| Inputs::Fixed([a, b, b], 2);
         match *self {
             Leaf | Variable | Param(_) => Inputs::Fixed([NodeId::POISON; 3], 0),
-            Binary { a, b, .. } | MatMul { a, b } => two(a, b),
+            Binary { a, b, .. } | MatMul { a, b, .. } => two(a, b),
             BceWithLogits { x, y } => two(x, y),
             Attend { p, qkv } => two(p, qkv),
             Where { cond, a, b } => Inputs::Fixed([cond, a, b], 3),
@@ -438,7 +442,7 @@ impl<'s, T: Float> Op<'s, T> {
             Leaf | Variable | Param(_) => Ok(()),
             Unary { f, x, c } => unary::backward(ctx, out, f, x, c),
             Binary { f, a, b } => binary::backward(ctx, out, f, a, b),
-            MatMul { a, b } => matmul::backward(ctx, out, a, b),
+            MatMul { a, b, ta, tb } => matmul::backward(ctx, out, a, b, ta, tb),
             Linear { x, w, b } => matmul::backward_linear(ctx, out, x, w, b),
             LayerNorm { first, eps } => norm::backward(ctx, out, first, eps),
             AttentionWeights { qkv, heads } => attention::backward_weights(ctx, out, qkv, heads),
@@ -481,7 +485,7 @@ impl<'s, T: Float> Op<'s, T> {
             Leaf | Variable | Param(_) => Ok(()),
             Unary { f, x, c } => unary::grad(ctx, out, g, f, x, c),
             Binary { f, a, b } => binary::grad(ctx, out, g, f, a, b),
-            MatMul { a, b } => matmul::grad(ctx, g, a, b),
+            MatMul { a, b, ta, tb } => matmul::grad(ctx, g, a, b, ta, tb),
             Linear { x, w, b } => matmul::grad_linear(ctx, g, x, w, b),
             LayerNorm { first, eps } => norm::grad(ctx, g, first, eps),
             AttentionWeights { qkv, heads } => attention::grad_weights(ctx, out, g, qkv, heads),

@@ -281,12 +281,11 @@ pub(crate) fn backward_logsumexp<'s, T: Float>(
 }
 
 /// Recorded derivative of `sum` and `sum_axes` (whose axis is kept as size 1): `g`
-/// broadcast back to `x`'s shape.
+/// broadcast back to `x`'s shape, lazily (`GradCtx::add_broadcast`).
 #[track_caller]
 pub(crate) fn grad_sum<'s, T: Float>(ctx: &mut GradCtx<'_, 's, T>, g: Var<'s, T>, x: NodeId<'s>) -> Result<()> {
     if ctx.wants(x) {
-        let sx = ctx.shape(x);
-        ctx.add(x, g.broadcast_to(&sx.to_array()[..sx.rank()]));
+        ctx.add_broadcast(x, g);
     }
     Ok(())
 }

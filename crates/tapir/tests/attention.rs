@@ -85,7 +85,7 @@ proptest! {
                                           causal: bool, seed: u64) {
         let x = qkv(b, t, h * d, seed);
         let opts = GradcheckOptions::default();
-        gradcheck(&[x.clone()], opts, |_, v| fused(v[0], h, causal)).unwrap();
+        gradcheck(std::slice::from_ref(&x), opts, |_, v| fused(v[0], h, causal)).unwrap();
         gradgradcheck(&[x], opts, |_, v| fused(v[0], h, causal)).unwrap();
     }
 }

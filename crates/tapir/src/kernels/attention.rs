@@ -136,7 +136,7 @@ pub(crate) fn weights_backward<T: Float>(
         let at = b * h * t * t;
         let rows = p[at..at + dsb.len()].chunks_exact(t).zip(dp[at..at + dsb.len()].chunks_exact(t));
         for (o, (pr, dpr)) in dsb.chunks_exact_mut(t).zip(rows) {
-            let dot = super::sum(&mul_rows(pr, dpr, o));
+            let dot = super::sum(mul_rows(pr, dpr, o));
             for ((o, &pv), &dv) in o.iter_mut().zip(pr).zip(dpr) {
                 *o = scale * pv * (dv - dot);
             }

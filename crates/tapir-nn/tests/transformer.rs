@@ -224,6 +224,13 @@ fn bad_shapes_are_errors_not_panics() {
         let e = graph.scope(|s| attn.forward(Ctx::eval(s, &store), s.input(&x)).value().map(|_| ()).unwrap_err());
         assert!(!e.to_string().is_empty(), "{dims:?}");
     }
+    // Six positions for a context of five: the layer's own check, through `Scope::invalid`.
+    let x = Tensor::<f32>::zeros(&[1, 6, 4]).unwrap();
+    let e = graph.scope(|s| attn.forward(Ctx::eval(s, &store), s.input(&x)).value().map(|_| ()).unwrap_err());
+    let tapir::Error::InvalidArgument { op, detail, location } = &e else { panic!("{e:?}") };
+    assert_eq!(*op, "CausalSelfAttention::forward");
+    assert!(detail.contains("[1, 6, 4]") && detail.contains("context of 5"), "{detail}");
+    assert!(location.file().ends_with("transformer.rs"), "{location}");
     assert!(CausalSelfAttention::new(&mut store, "x", 6, 4, 3, Init::LINEAR, &mut rng).is_err());
     assert!(Gpt::new(&mut store, TINY, &mut rng).is_err(), "names are taken");
 }

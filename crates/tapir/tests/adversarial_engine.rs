@@ -118,3 +118,21 @@ fn earlier_handles_stay_truthful_after_an_error() {
         assert!(matches!(y.value(), Err(Error::InvalidShape { op: "reshape", .. })));
     });
 }
+
+/// A mean over axes whose sizes multiply past `usize`, beside a zero-sized axis: an empty
+/// result and an empty gradient, not an arithmetic overflow (found by the random-program
+/// property test, `tapir-testing/tests/programs.proptest-regressions`).
+#[test]
+fn mean_over_axes_whose_sizes_overflow_is_empty() {
+    let huge = u32::MAX as usize;
+    let x = Tensor::<f64>::zeros(&[0, huge, huge, huge]).unwrap();
+    let mut g = Graph::<f64>::new();
+    g.scope(|s| {
+        let x = s.leaf(&x);
+        let m = x.mean_axes(&[1, 2, 3], false);
+        assert_eq!(m.shape().dims(), &[0]);
+        assert!(m.value().unwrap().is_empty());
+        s.backward(m.sum()).unwrap();
+        assert!(x.grad().unwrap().is_empty());
+    });
+}

@@ -142,7 +142,9 @@ impl<'s, T: Float> Var<'s, T> {
                 mask[ax] = true;
             }
         }
-        (0..shape.rank()).filter(|&ax| mask[ax]).map(|ax| shape.dim(ax)).product()
+        // Saturating: reduced axes of a shape with a zero elsewhere may multiply past
+        // `usize` (the result is empty then, and the scale never meets an element).
+        (0..shape.rank()).filter(|&ax| mask[ax]).fold(1usize, |n, ax| n.saturating_mul(shape.dim(ax)))
     }
 
     /// Sum over `axes` (negative counts from the end); keeps them as size 1 if `keepdim`.

@@ -18,9 +18,11 @@
 //!   atanh series; subnormals are scaled up first.
 //! - `ln_1p`: `ln(u) + (x − (u − 1))/u` with `u = 1 + x` (the rounding of `u`, corrected).
 //! - `tanh`: `expm1(2|x|)/(expm1(2|x|) + 2)`, with the sign of `x`; accurate near 0 too.
-//! - `erf`: the Taylor series for `|x| ≤ 1`; above, `erfc(z) = e^(−z²)·h(1/z)/z` with `h`
-//!   a Chebyshev series in `1/z` (coefficients from `tools/erfc_chebyshev.py`) and `z²` carried in
-//!   two parts, so that `e^(−z²)` does not inherit the rounding of `z²`.
+//! - `erf`: the Taylor series for `|x| ≤ 1`; above, `1 − erfc`.
+//! - `erfc(z)`, `z ≥ 0` (erf's tail and GELU's normal CDF): `e^(−z²)·t·g(t)` with
+//!   `t = 2/(2 + z)` and `g` a Chebyshev series in `2t − 1` (coefficients from
+//!   `tools/erfc_chebyshev.py`), valid on the whole half-line, and `z²` carried in two parts,
+//!   so that `e^(−z²)` does not inherit the rounding of `z²`.
 //!
 //! `docs/kernels.md` lists each function's measured error in ulp and how it was measured.
 
@@ -41,6 +43,8 @@ macro_rules! elementary {
         type U = $U;
 
         const MANT: u32 = F::MANTISSA_DIGITS - 1;
+        /// `2√2`; twice the rounded `√2`, so exactly `2·fl(√2)`.
+        const SQRT_8: F = 2.0 * std::$F::consts::SQRT_2;
         /// `1/√(2π)`, rounded once from its decimal expansion.
         #[allow(clippy::excessive_precision)]
         const INV_SQRT_2PI: F = 0.398_942_280_401_432_677_939_946_059_934_381_868;
@@ -191,11 +195,11 @@ macro_rules! elementary {
             (em / (em + 2.0)).copysign(x)
         }
 
-        /// `erfc(z)` for `z ≥ ½` (clamped where it underflows), given `z² = sq_hi + sq_lo`.
+        /// `t·g(t) = e^(z²)·erfc(z)` for `z ≥ 0` (clamped where `erfc` underflows), given
+        /// `t = 2/(2 + z)`; callers multiply by `e^(−z²)`.
         #[inline(always)]
-        fn erfc_tail(z: F, sq_hi: F, sq_lo: F) -> F {
-            let t = 1.0 / z;
-            exp_parts(-sq_hi, -sq_lo) * (clenshaw(t - 1.0, &ERFC_CHEB) * t)
+        fn erfc_scaled(t: F) -> F {
+            t * clenshaw(t + t - 1.0, &ERFC_CHEB)
         }
 
         /// `a²` as an exact high part and a rounded low part.
@@ -209,9 +213,9 @@ macro_rules! elementary {
         #[inline(always)]
         pub(crate) fn erf(x: F) -> F {
             let small = x * horner(x * x, &ERF_TAYLOR);
-            let a = clamp(x.abs(), 0.5, ERFC_ZERO);
+            let a = clamp(x.abs(), 1.0, ERFC_ZERO);
             let (sh, sl) = square_parts(a);
-            let large = (1.0 - erfc_tail(a, sh, sl)).copysign(x);
+            let large = (1.0 - exp_parts(-sh, -sl) * erfc_scaled(2.0 / (2.0 + a))).copysign(x);
             if x.abs() <= 1.0 {
                 small
             } else {
@@ -228,46 +232,41 @@ macro_rules! elementary {
         }
 
         /// The pieces of `Φ(x)`, the standard normal CDF, and `φ(x)`, its density, without
-        /// cancellation in either tail: `(centre, q, e, in_centre)` where `Φ(x) = centre`
-        /// for `|x| ≤ √2/2` (the series) and otherwise `Φ(x) = q·e` for `x < 0`,
-        /// `1 − q·e` for `x > 0`, with `e = e^(−x²/2)` (computed from `x²` in two parts)
-        /// and `q = h(√2/|x|)·√2/(2|x|)` from the erfc tail. `φ(x) = e/√(2π)` everywhere.
-        /// Callers multiply by `e` last, so a result in the subnormal range rounds once.
+        /// cancellation in either tail: `(q, e)` where `Φ(x) = q·e` for `x ≤ 0` and
+        /// `1 − q·e` for `x > 0`, with `e = e^(−x²/2)` (computed from `x²` in two parts) and
+        /// `q = e^(x²/2)·erfc(|x|/√2)/2` from the scaled erfc, one formula for every `x`.
+        /// `φ(x) = e/√(2π)`. Callers multiply by `e` last, so a result in the subnormal
+        /// range rounds once.
         #[inline(always)]
-        fn normal_parts(x: F) -> (F, F, F, bool) {
-            let z = x * std::$F::consts::FRAC_1_SQRT_2;
-            let centre = 0.5 + 0.5 * (z * horner(z * z, &ERF_TAYLOR));
+        fn normal_parts(x: F) -> (F, F) {
             let a = clamp(x.abs(), 0.0, ERFC_ZERO * std::$F::consts::SQRT_2);
             let (sh, sl) = square_parts(a);
             let e = exp_parts(-0.5 * sh, -0.5 * sl);
-            let za = clamp(a * std::$F::consts::FRAC_1_SQRT_2, 0.5, ERFC_ZERO);
-            let t = 1.0 / za;
-            let q = 0.5 * (clenshaw(t - 1.0, &ERFC_CHEB) * t);
-            (centre, q, e, z.abs() <= 0.5)
+            // `t = 2/(2 + a/√2) = 2√2/(2√2 + a)`: two roundings, none for `a/√2`.
+            let q = 0.5 * erfc_scaled(SQRT_8 / (SQRT_8 + a));
+            (q, e)
         }
 
         /// `x·Φ(x)` (GELU).
         #[inline(always)]
         pub(crate) fn gelu(x: F) -> F {
-            let (centre, q, e, in_centre) = normal_parts(x);
-            let tail = if x > 0.0 { x * (1.0 - q * e) } else { (x * q) * e };
-            if in_centre {
-                x * centre
+            let (q, e) = normal_parts(x);
+            if x > 0.0 {
+                x * (1.0 - q * e)
             } else {
-                tail
+                (x * q) * e
             }
         }
 
         /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`].
         #[inline(always)]
         pub(crate) fn gelu_grad(x: F) -> F {
-            let (centre, q, e, in_centre) = normal_parts(x);
+            let (q, e) = normal_parts(x);
             let xc = x * INV_SQRT_2PI;
-            let tail = if x > 0.0 { (1.0 - q * e) + xc * e } else { (q + xc) * e };
-            if in_centre {
-                centre + xc * e
+            if x > 0.0 {
+                (1.0 - q * e) + xc * e
             } else {
-                tail
+                (q + xc) * e
             }
         }
     };
@@ -331,30 +330,23 @@ pub(crate) mod m32 {
         c
     }
 
-    /// From `tools/erfc_chebyshev.py`: dropped tail 1.1e−9, against `h ≥ 0.30`.
+    /// From `tools/erfc_chebyshev.py`: dropped tail 2.1e−10, against `g ≥ 0.28`.
     #[allow(clippy::excessive_precision)]
-    const ERFC_CHEB: [F; 21] = [
-        0.43558379670001235,
-        -0.13690812754927753,
-        0.0043490388121277986,
-        0.0077234573962660265,
-        -0.0038373686969979007,
-        0.0010980956385013532,
-        -0.00013931768936802362,
-        -6.0527107732388e-05,
-        5.466629309200175e-05,
-        -2.482781471843983e-05,
-        7.467359829116729e-06,
-        -9.453193366547878e-07,
-        -5.961862152222579e-07,
-        5.70286282283614e-07,
-        -2.9468224518073124e-07,
-        1.0722342411875167e-07,
-        -2.3194038926753956e-08,
-        -3.2529999719930573e-09,
-        6.935289643473035e-09,
-        -4.616499414819701e-09,
-        2.1467971974893795e-09,
+    const ERFC_CHEB: [F; 14] = [
+        0.5770337386164697,
+        0.3554369212704985,
+        0.06509515882878653,
+        0.003671142395836639,
+        -0.0011128447433526325,
+        -0.0001607582991537808,
+        3.278031574173137e-05,
+        5.442441645505016e-06,
+        -1.5154665553171482e-06,
+        -1.4297608181169865e-07,
+        8.234608827419493e-08,
+        -1.2962846852306563e-09,
+        -4.154721631015199e-09,
+        6.347058278362811e-10,
     ];
 }
 
@@ -426,57 +418,37 @@ pub(crate) mod m64 {
         c
     }
 
-    /// From `tools/erfc_chebyshev.py`: dropped tail 3.7e−18, against `h ≥ 0.30`.
+    /// From `tools/erfc_chebyshev.py`: dropped tail 1.1e−18, against `g ≥ 0.28`.
     #[allow(clippy::excessive_precision, clippy::unreadable_literal)]
-    const ERFC_CHEB: [F; 49] = [
-        0.43558379670001235,
-        -0.13690812754927753,
-        0.0043490388121277986,
-        0.0077234573962660265,
-        -0.0038373686969979007,
-        0.0010980956385013532,
-        -0.00013931768936802362,
-        -6.0527107732388e-05,
-        5.466629309200175e-05,
-        -2.482781471843983e-05,
-        7.467359829116729e-06,
-        -9.453193366547878e-07,
-        -5.961862152222579e-07,
-        5.70286282283614e-07,
-        -2.9468224518073124e-07,
-        1.0722342411875167e-07,
-        -2.3194038926753956e-08,
-        -3.2529999719930573e-09,
-        6.935289643473035e-09,
-        -4.616499414819701e-09,
-        2.1467971974893795e-09,
-        -7.205903229297004e-10,
-        1.181281444128719e-10,
-        5.897186760618755e-11,
-        -7.269615213365562e-11,
-        4.596581001860772e-11,
-        -2.145821084861912e-11,
-        7.377257988326742e-12,
-        -1.2612613796746981e-12,
-        -6.356149236697898e-13,
-        8.274702525632228e-13,
-        -5.530019289988052e-13,
-        2.765016350243164e-13,
-        -1.0557398687750156e-13,
-        2.4654404974407077e-14,
-        4.222869541218229e-15,
-        -9.73818415128992e-15,
-        7.51991803720726e-15,
-        -4.221355983680631e-15,
-        1.8625331339432216e-15,
-        -5.951052741493456e-16,
-        5.925510868013592e-17,
-        9.93436786354819e-17,
-        -1.052785644185869e-16,
-        6.99080712819548e-17,
-        -3.6285967976818345e-17,
-        1.4859210441511006e-17,
-        -4.063001638616581e-18,
-        -2.0693852430986195e-19,
+    const ERFC_CHEB: [F; 29] = [
+        0.5770337386164697,
+        0.3554369212704985,
+        0.06509515882878653,
+        0.003671142395836639,
+        -0.0011128447433526325,
+        -0.0001607582991537808,
+        3.278031574173137e-05,
+        5.442441645505016e-06,
+        -1.5154665553171482e-06,
+        -1.4297608181169865e-07,
+        8.234608827419493e-08,
+        -1.2962846852306563e-09,
+        -4.154721631015199e-09,
+        6.347058278362811e-10,
+        1.4320822712256225e-10,
+        -6.160390105204585e-11,
+        2.0612138554721698e-12,
+        3.5714931488477042e-12,
+        -8.586422843251796e-13,
+        -6.14560021379063e-14,
+        7.418725748596617e-14,
+        -1.2895042755032325e-14,
+        -2.358726385710632e-15,
+        1.5729349381685912e-15,
+        -2.2782966239546465e-16,
+        -6.31233045075643e-17,
+        3.5916763531814925e-17,
+        -5.049809149847729e-18,
+        -1.5324541113154899e-18,
     ];
 }

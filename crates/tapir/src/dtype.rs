@@ -80,6 +80,10 @@ pub trait Float:
     /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`](Float::gelu).
     #[doc(hidden)]
     fn gelu_grad(self) -> Self;
+    /// [`gelu_grad`](Float::gelu_grad) given `y = self.gelu()`: `Φ(x) = y/x`, so only
+    /// `e^(−x²/2)` is evaluated (GELU's backward reads the forward's output).
+    #[doc(hidden)]
+    fn gelu_grad_given(self, y: Self) -> Self;
     /// `|self|` with the sign of `sign`.
     #[doc(hidden)]
     fn copysign(self, sign: Self) -> Self;
@@ -196,6 +200,10 @@ macro_rules! impl_float {
             #[inline(always)]
             fn gelu_grad(self) -> Self {
                 crate::kernels::vmath::$m::gelu_grad(self)
+            }
+            #[inline(always)]
+            fn gelu_grad_given(self, y: Self) -> Self {
+                crate::kernels::vmath::$m::gelu_grad_given(self, y)
             }
             #[inline(always)]
             fn copysign(self, sign: Self) -> Self {

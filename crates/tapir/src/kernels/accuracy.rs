@@ -22,7 +22,10 @@
 //! in ulps of `max(|f(x)|, FLOOR)` with `FLOOR = 2^−4`, so an absolute error there counts
 //! against the function's typical size; docs/kernels.md says which rows do.
 
-use super::scalar::{erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, sigmoid, silu, silu_grad, softplus};
+use super::scalar::{
+    erf_grad, gelu_erf, gelu_erf_grad, gelu_erf_grad_given, gelu_tanh, gelu_tanh_grad, sigmoid, silu, silu_grad,
+    softplus,
+};
 use crate::Float;
 
 /// One function under test: ours in `f32` and `f64`, and an independent `f64` reference.
@@ -37,6 +40,11 @@ struct Case {
     floor: f64,
     /// The largest `f32` error allowed, in ulps: the exhaustive sweep's maximum, rounded up.
     bound: f64,
+}
+
+/// GELU's derivative as backward computes it, from `x` and the forward's `gelu(x)`.
+fn gelu_grad_from_output<T: Float>(x: T) -> T {
+    gelu_erf_grad_given(x, gelu_erf(x))
 }
 
 /// Stable `f64` references, written independently of the kernels (std and libm only).
@@ -229,6 +237,16 @@ fn cases() -> Vec<Case> {
             bound: 12.0,
         },
         Case {
+            // What GELU's backward evaluates: the derivative from the forward's output.
+            name: "gelu' from y",
+            ours32: gelu_grad_from_output,
+            ours64: gelu_grad_from_output,
+            reference: reference::gelu_grad,
+            range: (-15.0, 1e4),
+            floor: 0.0625,
+            bound: 15.5,
+        },
+        Case {
             name: "gelu_tanh",
             ours32: gelu_tanh,
             ours64: gelu_tanh,
@@ -355,6 +373,22 @@ fn vector_path_gives_the_scalar_bits() {
 }
 
 #[test]
+fn gelu_grad_from_the_output_agrees_with_the_direct_formula_at_the_edges() {
+    fn check<T: Float + std::fmt::Debug>(xs: &[T], tol: T) {
+        for &x in xs {
+            let (direct, given) = (gelu_erf_grad(x), gelu_erf_grad_given(x, gelu_erf(x)));
+            let close = (direct - given).abs() <= tol * direct.abs().max(T::ONE);
+            assert!(close || (direct.is_nan() && given.is_nan()), "x {x:?}: direct {direct:?}, from y {given:?}");
+        }
+    }
+    let xs = [0.0, -0.0, 1e-45, -1e-45, 1e-30, -1e-30, 0.5, -0.75, 5.0, -5.0, 15.0, -15.0, 15.6, -15.6, 40.0, -40.0];
+    let inf = [f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN];
+    check(&xs.iter().chain(&inf).copied().collect::<Vec<f32>>(), 1e-6);
+    let inf = [f64::INFINITY, f64::NEG_INFINITY, f64::MAX, f64::MIN, 38.5, -38.5, 27.0, -27.0];
+    check(&xs.iter().map(|&x| x as f64).chain(inf).collect::<Vec<f64>>(), 1e-14);
+}
+
+#[test]
 fn special_values_follow_the_table() {
     // Odd functions keep the sign of zero; NaN stays NaN; the edges of the domain.
     for z in [0.0f32, -0.0] {
@@ -399,14 +433,17 @@ fn f64_matches_mpmath_reference() {
         let name = parts.next().expect("a name");
         let x = f64::from_bits(u64::from_str_radix(parts.next().expect("x"), 16).expect("hex x"));
         let want = f64::from_bits(u64::from_str_radix(parts.next().expect("y"), 16).expect("hex y"));
-        let i = all.iter().position(|c| c.name == name).expect("a known function");
-        let got = (all[i].ours64)(x);
-        let e = ulps(got, want, all[i].floor, ulp64);
-        if e > worst[i].0 || e.is_nan() {
-            worst[i] = (e, x);
-        }
-        if e > 4.0 || e.is_nan() {
-            failed.push(format!("{name}({x:e}) = {got:e}, want {want:e}: {e} ulp"));
+        // A variant ("gelu' from y") is checked against its function's reference points.
+        let cases = (0..all.len()).filter(|&i| all[i].name.split(' ').next() == Some(name));
+        for i in cases {
+            let got = (all[i].ours64)(x);
+            let e = ulps(got, want, all[i].floor, ulp64);
+            if e > worst[i].0 || e.is_nan() {
+                worst[i] = (e, x);
+            }
+            if e > 4.0 || e.is_nan() {
+                failed.push(format!("{}({x:e}) = {got:e}, want {want:e}: {e} ulp", all[i].name));
+            }
         }
     }
     for (case, (e, x)) in all.iter().zip(&worst) {

@@ -107,6 +107,12 @@ pub(crate) fn gelu_erf_grad<T: Float>(x: T) -> T {
     x.gelu_grad()
 }
 
+/// [`gelu_erf_grad`] given `y = gelu_erf(x)` (backward has it): only `e^(−x²/2)` is evaluated.
+#[inline(always)]
+pub(crate) fn gelu_erf_grad_given<T: Float>(x: T, y: T) -> T {
+    x.gelu_grad_given(y)
+}
+
 /// `2/√π · e^(−x²)`, the derivative of `erf`.
 #[inline(always)]
 pub(crate) fn erf_grad<T: Float>(x: T) -> T {

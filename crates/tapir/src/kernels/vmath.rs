@@ -269,6 +269,27 @@ macro_rules! elementary {
                 (q + xc) * e
             }
         }
+
+        /// [`gelu_grad`] given `y = gelu(x)`, for backward, which has the forward's output:
+        /// `Φ(x) = y/x` (`½` near 0; `0` or `1` where `e^(−x²/2)` underflows, so that `y/x` is
+        /// not `∞/∞`), and only `e^(−x²/2)` is evaluated, not the erfc series again.
+        #[inline(always)]
+        pub(crate) fn gelu_grad_given(x: F, y: F) -> F {
+            const SATURATE: F = ERFC_ZERO * std::$F::consts::SQRT_2;
+            let a = clamp(x.abs(), 0.0, SATURATE);
+            let (sh, sl) = square_parts(a);
+            let e = exp_parts(-0.5 * sh, -0.5 * sl);
+            // Below `ε/4`, `Φ(x) = ½` to half an ulp, and `y` may have lost bits to underflow.
+            let cdf = if a < F::EPSILON * 0.25 { 0.5 } else { y / x };
+            let cdf = if a < SATURATE {
+                cdf
+            } else if x > 0.0 {
+                1.0
+            } else {
+                0.0
+            };
+            cdf + (x * INV_SQRT_2PI) * e
+        }
     };
 }
 

@@ -44,7 +44,7 @@ use crate::error::Result;
 use crate::graph::tape::Tape;
 use crate::graph::{NodeId, Var};
 use crate::kernels::scalar::{
-    erf_grad, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
+    erf_grad, gelu_erf, gelu_erf_grad_given, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
 };
 use crate::kernels::{self, par, ElementMap, GradMap};
 use crate::ops::{Op, OpKind};
@@ -195,7 +195,7 @@ unary_fns! {
     LeakyRelu "leaky_relu": f |x, c| if x > T::ZERO { x } else { c[0] * x },
         d |x, _y, c| if x > T::ZERO { T::ONE } else { c[0] };
     /// `x·Φ(x)`.
-    Gelu "gelu": flong |x, _c| gelu_erf(x), dlong |x, _y, _c| gelu_erf_grad(x);
+    Gelu "gelu": flong |x, _c| gelu_erf(x), dlong |x, y, _c| gelu_erf_grad_given(x, y);
     /// GELU with the tanh approximation.
     GeluTanh "gelu_tanh": flong |x, _c| gelu_tanh(x), dlong |x, _y, _c| gelu_tanh_grad(x);
     /// `ln(1 + eˣ)`.

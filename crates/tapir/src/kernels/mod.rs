@@ -620,4 +620,27 @@ mod tests {
         f64::gemm(&mut c, &a, true, &b, false, (2, 2, 2), true, faer::Par::Seq);
         assert_eq!(c, [45.0, 52.0, 81.0, 94.0]);
     }
+
+    #[test]
+    fn long_reductions_in_k_blocks_match_the_naive_sum() {
+        // k = 1100 takes the blocked path (four blocks of 256 and one of 76); integer-valued
+        // entries make every partial sum exact, so any order of summation gives these bits.
+        let (m, k, n) = (37, 1100, 29);
+        let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect(); // stored [k, m]
+        let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect(); // [k, n]
+        let mut want = vec![1.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
+            }
+        }
+        for (accumulate, par) in [(true, faer::Par::Seq), (true, faer::Par::rayon(2))] {
+            let mut c = vec![1.0; m * n];
+            f64::gemm(&mut c, &a, true, &b, false, (m, k, n), accumulate, par);
+            assert_eq!(c, want);
+        }
+        let mut c = vec![f64::NAN; m * n];
+        f64::gemm(&mut c, &a, true, &b, false, (m, k, n), false, faer::Par::Seq);
+        assert!(c.iter().zip(&want).all(|(x, w)| *x == w - 1.0), "replace ignores the old values");
+    }
 }

@@ -101,7 +101,9 @@ pub(crate) fn gelu_erf<T: Float>(x: T) -> T {
     x.gelu()
 }
 
-/// `Φ(x) + x·φ(x)`, the derivative of [`gelu_erf`].
+/// `Φ(x) + x·φ(x)`, the derivative of [`gelu_erf`], from `x` alone (the accuracy tests'
+/// reference for [`gelu_erf_grad_given`], which backward uses).
+#[cfg(test)]
 #[inline(always)]
 pub(crate) fn gelu_erf_grad<T: Float>(x: T) -> T {
     x.gelu_grad()

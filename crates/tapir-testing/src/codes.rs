@@ -34,7 +34,8 @@
 //!
 //! Code ranges in format 1: `0x00–0x0f` binary ops, `0x10–0x17` comparisons, `0x18–0x2f`
 //! scalar-operand ops, `0x30–0x4f` shape, selection, loss and gradient-control ops,
-//! `0x50–0x57` reductions, `0x58–0x5f` window ops, `0x60–0x7f` adversarial step kinds,
+//! `0x50–0x57` reductions, `0x58–0x5f` window ops, `0x60–0x7f` adversarial step kinds
+//! and attention (`0x62`, `0x63`),
 //! `0x80–0xbf` unary ops, `0xc0–0xff` free.
 //!
 //! The fuzzer reaches format 1 by itself (libFuzzer sees the comparison with the magic,
@@ -111,6 +112,8 @@ pub enum Code {
     ScatterAdd,
     Linear,
     LayerNorm,
+    AttentionWeights,
+    Attend,
 }
 
 impl Code {
@@ -138,6 +141,8 @@ impl Code {
             | Code::ScatterAdd
             | Code::Linear
             | Code::LayerNorm
+            | Code::AttentionWeights
+            | Code::Attend
             | Code::Var
             | Code::LogSumExp
             | Code::Softmax
@@ -403,6 +408,10 @@ pub const FORMAT1_CODES: &[(u8, Code)] = &[
     (0x5a, Code::Window(WindowOp::AvgPool2d)),
     (0x60, Code::ZeroHuge),
     (0x61, Code::RepeatedAxes),
+    // Attention, here because the shape and loss family's free codes (0x49, 0x4d, 0x4e)
+    // occur as `Nop` in regression seeds, which would then decode to other programs.
+    (0x62, Code::AttentionWeights),
+    (0x63, Code::Attend),
 ];
 
 const fn format1() -> [Code; 256] {

@@ -53,6 +53,15 @@ fn err(variant: &'static str, op: &'static str) -> Outcome {
     Outcome::Err { variant, op }
 }
 
+/// `(B, T, C)` of a packed attention input `[B, T, 3C]` split into `heads` heads: `C` a
+/// positive multiple of `heads`.
+fn attention_dims(qkv: &[usize], heads: usize) -> Option<(usize, usize, usize)> {
+    match *qkv {
+        [b, t, c3] if c3 % 3 == 0 && c3 > 0 && heads > 0 && (c3 / 3) % heads == 0 => Some((b, t, c3 / 3)),
+        _ => None,
+    }
+}
+
 /// Whether `dims` make a valid shape: rank ≤ 6, each dimension fits in a `u32`, and the
 /// element count fits in `isize::MAX / 8` (so an `f64` buffer of it is addressable).
 pub(crate) fn valid_dims(dims: &[usize]) -> bool {
@@ -247,6 +256,20 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                     checked("layer_norm", Some(x.to_vec()))
                 }
                 _ => err("InvalidArgument", "layer_norm"),
+            }
+        }
+        Step::AttentionWeights { qkv, heads, .. } => match attention_dims(s(*qkv), *heads) {
+            Some((b, t, _)) if u32::try_from(*heads).is_ok() => {
+                checked("attention_weights", Some(vec![b, *heads, t, t]))
+            }
+            _ => err("InvalidArgument", "attention_weights"),
+        },
+        Step::Attend { p, qkv } => {
+            let sp = s(*p);
+            let heads = if sp.len() == 4 { sp[1] } else { 0 };
+            match attention_dims(s(*qkv), heads) {
+                Some((b, t, c)) if sp == [b, heads, t, t] => checked("attend", Some(vec![b, t, c])),
+                _ => err("InvalidArgument", "attend"),
             }
         }
         Step::Reshape { x, dims } => {

@@ -76,3 +76,36 @@ proptest! {
         }
     }
 }
+
+/// The attention codes (`0x62`, `0x63`) are drawn: some smooth format-1 programs that use
+/// them are gradient-checked, and some to second order; invalid calls elsewhere keep the
+/// promises (every program here passes `run_program`).
+#[test]
+fn attention_steps_are_drawn_and_gradient_checked() {
+    use tapir_testing::program::Step;
+    let (mut first, mut second, mut used) = (0, 0, 0);
+    for seed in 0..3000u64 {
+        let mut bytes = bytes_of(seed, 120);
+        bytes[0] &= 0b0000_1110;
+        // Bias the code bytes towards attention so that a few thousand programs suffice.
+        for (i, b) in bytes.iter_mut().enumerate().skip(1) {
+            if i % 7 == 0 {
+                *b = 0x62 + (*b & 1);
+            }
+        }
+        let bytes: Vec<u8> = FORMAT1_MAGIC.iter().copied().chain(bytes).collect();
+        let program = Program::from_bytes(&bytes);
+        let attention = program.steps.iter().any(|s| matches!(s, Step::AttentionWeights { .. } | Step::Attend { .. }));
+        let report = run_program(&bytes).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
+        if attention {
+            used += 1;
+            first += usize::from(report.gradchecked);
+            second += usize::from(report.gradgradchecked);
+        }
+    }
+    eprintln!("{used} programs with attention, {first} gradchecked, {second} to second order");
+    assert!(
+        used >= 2000 && first >= 1000 && second >= 500,
+        "{used} programs with attention, {first} gradchecked, {second} to second order"
+    );
+}

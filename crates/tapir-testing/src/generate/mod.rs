@@ -280,6 +280,8 @@ impl Gen<'_> {
             Code::MatMul => self.matmul(),
             Code::Linear => self.linear(),
             Code::LayerNorm => self.layer_norm(),
+            Code::AttentionWeights => self.attention_weights(),
+            Code::Attend => self.attend(),
             Code::Reshape => {
                 let x = self.pick();
                 let dims = if self.valid() {
@@ -702,5 +704,49 @@ impl Gen<'_> {
         };
         let (w, b) = (row(), row());
         Step::LayerNorm { x, w, b, eps }
+    }
+
+    /// A packed attention input `[B, T, 3·H·D]` for `heads = H`: an existing node of that
+    /// shape when there is one, else a new constant (`B` 1–2, `T` 1–4, `D` 1–2).
+    fn qkv_for(&mut self, heads: usize) -> usize {
+        let fits = move |s: &[usize]| matches!(*s, [_, _, c3] if c3 > 0 && c3 % (3 * heads) == 0);
+        match self.pick_where(fits) {
+            Some(x) if self.u.chance(1, 2) => x,
+            _ => {
+                let (b, t, d) = (self.u.range(1, 2), self.u.range(1, 4), self.u.range(1, 2));
+                self.constant(vec![b, t, 3 * heads * d])
+            }
+        }
+    }
+
+    /// `qkv.attention_weights(heads, causal)`: valid, `heads` 1–2 and `qkv` from
+    /// [`qkv_for`](Self::qkv_for); invalid, any node and `heads` from 0 to 3 (0, or a
+    /// width it does not divide, is the recorded error).
+    fn attention_weights(&mut self) -> Step {
+        let causal = self.u.chance(1, 2);
+        if !self.valid() {
+            return Step::AttentionWeights { qkv: self.pick(), heads: self.u.below(4), causal };
+        }
+        let heads = self.u.range(1, 2);
+        Step::AttentionWeights { qkv: self.qkv_for(heads), heads, causal }
+    }
+
+    /// `p.attend(qkv)`: valid, `p: [B, H, T, T]` (an existing node when one fits `qkv`,
+    /// else a constant) for a `qkv` from [`qkv_for`](Self::qkv_for); invalid, any two nodes.
+    fn attend(&mut self) -> Step {
+        if !self.valid() {
+            return Step::Attend { p: self.pick(), qkv: self.pick() };
+        }
+        let heads = self.u.range(1, 2);
+        let qkv = self.qkv_for(heads);
+        // After a step that errs, every shape reads `[]` (the program is poisoned).
+        let [b, t, _] = *self.shape(qkv) else {
+            return Step::Attend { p: self.pick(), qkv };
+        };
+        let p = match self.pick_where(|s| s == [b, heads, t, t]) {
+            Some(p) if self.u.chance(1, 2) => p,
+            _ => self.constant(vec![b, heads, t, t]),
+        };
+        Step::Attend { p, qkv }
     }
 }

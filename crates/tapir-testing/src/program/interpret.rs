@@ -76,6 +76,8 @@ pub(crate) fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[V
         Step::MatMul { a, b } => v(*a).matmul(v(*b)),
         Step::Linear { x, w, b } => v(*x).linear(v(*w), v(*b)),
         Step::LayerNorm { x, w, b, eps } => v(*x).layer_norm(v(*w), v(*b), *eps),
+        Step::AttentionWeights { qkv, heads, causal } => v(*qkv).attention_weights(*heads, *causal),
+        Step::Attend { p, qkv } => v(*p).attend(v(*qkv)),
         Step::Reshape { x, dims } => v(*x).reshape(dims),
         Step::Permute { x, axes } => v(*x).permute(axes),
         Step::Transpose { x, a0, a1 } => {

@@ -270,6 +270,17 @@ pub enum Step {
         b: usize,
         eps: f64,
     },
+    /// `qkv.attention_weights(heads, causal)`.
+    AttentionWeights {
+        qkv: usize,
+        heads: usize,
+        causal: bool,
+    },
+    /// `p.attend(qkv)`.
+    Attend {
+        p: usize,
+        qkv: usize,
+    },
     /// `x.reshape(dims)`.
     Reshape {
         x: usize,
@@ -468,6 +479,8 @@ impl Step {
             Step::MatMul { .. }
             | Step::Linear { .. }
             | Step::LayerNorm { .. }
+            | Step::AttentionWeights { .. }
+            | Step::Attend { .. }
             | Step::Reshape { .. }
             | Step::Permute { .. }
             | Step::Transpose { .. }

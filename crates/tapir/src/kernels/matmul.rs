@@ -57,8 +57,9 @@ const K_SPLIT: usize = 1024;
 /// The `k` block of a long reduction.
 const K_BLOCK: usize = 256;
 
-/// One faer call, or, for a long reduction (a weight gradient `xᵀ·dy` sums over every row
-/// of the batch), one per block of 256 along `k`, each adding into `dst`. On the 2-core
+/// One faer call, or, for a long reduction with `a` used transposed (a weight gradient
+/// `xᵀ·dy` sums over every row of the batch), one per block of 256 along `k`, each adding
+/// into `dst`. On the 2-core
 /// AVX2 machine of `docs/benchmarks.md` this is 8–12% faster for W10's four weight-gradient
 /// shapes (`m, n ∈ {128, 384, 512}`, `k = 2048`; `benches/examples/gemm_db.rs`): faer's
 /// own `k` blocking is coarser. The split depends only on `k`, so every way of tiling the
@@ -68,7 +69,8 @@ where
     T: faer::traits::ComplexField + faer::traits::Conjugate<Canonical = T> + Float,
 {
     let k = a.ncols();
-    if k < K_SPLIT {
+    // Only the measured case: `a` used transposed (unit row stride), as in `xᵀ·dy`.
+    if k < K_SPLIT || a.row_stride() != 1 {
         matmul(dst, beta, a, b, T::ONE, Par::Seq);
         return;
     }

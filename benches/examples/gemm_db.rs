@@ -1,6 +1,6 @@
 //! The weight-gradient product `dW = xᵀ·dy` at W10's four shapes, one thread: Tapir's
-//! `gemm` (which blocks `k` above 1024), `xᵀ` copied first, a column-major `dst`, and
-//! explicit `k` blocks of 64 to 1024. `cargo run --release -p benches --example gemm_db`.
+//! `gemm` (which runs this form in `k` blocks of 256 when `k ≥ 1024`), one faer call,
+//! `xᵀ` copied first, a column-major `dst`, and explicit `k` blocks of 64 to 1024. `cargo run --release -p benches --example gemm_db`.
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use std::time::Instant;
@@ -24,6 +24,13 @@ fn main() {
         let dy: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect(); // [k, n]
         let mut c = vec![0.0f32; m * n];
         let base = time(&mut || f32::gemm(&mut c, &x, true, &dy, false, (m, k, n), true, Par::Seq));
+        // One faer call, as Tapir's `gemm` made before it blocked `k`.
+        let one_call = time(&mut || {
+            let dst = MatMut::from_row_major_slice_mut(&mut c, m, n);
+            let a = MatRef::from_row_major_slice(&x, k, m).transpose();
+            let b = MatRef::from_row_major_slice(&dy, k, n);
+            matmul(dst, Accum::Add, a, b, 1.0f32, Par::Seq);
+        });
         // Xᵀ copied contiguous first.
         let mut xt = vec![0.0f32; m * k];
         let copy_x = time(&mut || {
@@ -42,7 +49,10 @@ fn main() {
             let b = MatRef::from_row_major_slice(&dy, k, n);
             matmul(dst, Accum::Add, a, b, 1.0f32, Par::Seq);
         });
-        println!("m {m} k {k} n {n}: base {base:.3} ms, copy-xT {copy_x:.3}, dst col-major {colmajor:.3}");
+        println!(
+            "m {m} k {k} n {n}: tapir gemm {base:.3} ms, faer one call {one_call:.3}, copy-xT {copy_x:.3}, \
+             dst col-major {colmajor:.3}"
+        );
         for kb in [64usize, 128, 192, 256, 384, 512, 1024] {
             let chunks = time(&mut || {
                 for kc in (0..k).step_by(kb) {

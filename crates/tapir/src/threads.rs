@@ -33,6 +33,8 @@ pub const MAX_THREADS: usize = 1024;
 /// - `1` builds nothing and returns 1: graphs with one thread never use the pool, and a
 ///   pool whose only thread is the caller would run no work sent from other threads.
 /// - Work that other threads send to the pool still runs, on its other threads.
+/// - The calling thread stays the pool's thread 0 for the life of the process: if it
+///   exits first, rayon's record of it (384 bytes) is lost, once. From `main` nothing is.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when rayon's global pool already exists (built by an

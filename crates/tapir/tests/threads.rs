@@ -1,7 +1,11 @@
 //! `init_threads`: the calling thread becomes one of rayon's global pool, graphs split
 //! over it give the bits of one thread, a second call is a typed error, and work sent from
 //! other threads still runs. One test, because the global pool is the process's: the
-//! harness must not have started it from another test first.
+//! harness must not have started it from another test first. No libtest harness
+//! (`harness = false` in Cargo.toml): `main` calls `init_threads`, as a program does. Under
+//! libtest the test ran on a spawned thread that exited while it was still the pool's
+//! thread 0, so rayon's record of it (384 bytes, kept for the pool's life) became
+//! unreachable and `just asan`'s LeakSanitizer reported it.
 
 use tapir::{Error, Graph, Tensor};
 
@@ -18,7 +22,11 @@ fn run(threads: usize, x: &Tensor<f64>) -> (f64, Vec<f64>) {
     })
 }
 
-#[test]
+fn main() {
+    the_calling_thread_joins_the_pool_and_results_keep_their_bits();
+    println!("test the_calling_thread_joins_the_pool_and_results_keep_their_bits ... ok");
+}
+
 fn the_calling_thread_joins_the_pool_and_results_keep_their_bits() {
     let data: Vec<f64> = (0..256 * 256).map(|i| ((i * 7919) % 1000) as f64 / 1000.0 - 0.5).collect();
     let x = Tensor::from_vec(data, &[256, 256]).unwrap();

@@ -60,7 +60,7 @@ const K_BLOCK: usize = 256;
 /// One faer call, or, for a long reduction with `a` used transposed (a weight gradient
 /// `xᵀ·dy` sums over every row of the batch), one per block of 256 along `k`, each adding
 /// into `dst`. On the 2-core
-/// AVX2 machine of `docs/benchmarks.md` this is 8–12% faster for W10's four weight-gradient
+/// AVX2 machine of `docs/benchmarks.md` this is 7–17% faster (two runs) for W10's four weight-gradient
 /// shapes (`m, n ∈ {128, 384, 512}`, `k = 2048`; `benches/examples/gemm_db.rs`): faer's
 /// own `k` blocking is coarser. The split depends only on `k`, so every way of tiling the
 /// output gives the same bits.

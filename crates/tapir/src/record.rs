@@ -161,21 +161,22 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
 /// of its length: bounded, so that a pass over many distinct sizes stays linear.
 const SPARE_LOOKUP: usize = 8;
 
-/// A released buffer of exactly `n` elements, zeroed, if one of the last few is.
+/// A released buffer of exactly `n` elements, zeroed (over `par`'s threads), if one of
+/// the last few is.
 #[inline]
-fn take_spare<'s, T: Float>(spare: &mut Option<&mut Vec<&'s mut [T]>>, n: usize) -> Option<&'s mut [T]> {
+fn take_spare<'s, T: Float>(spare: &mut Option<&mut Vec<&'s mut [T]>>, n: usize, par: Par) -> Option<&'s mut [T]> {
     let spare = spare.as_deref_mut()?;
     let from = spare.len().saturating_sub(SPARE_LOOKUP);
     let k = (from..spare.len()).rev().find(|&k| spare[k].len() == n)?;
     let g = spare.swap_remove(k);
-    g.fill(T::ZERO);
+    crate::kernels::par::fill(par, g, T::ZERO);
     Some(g)
 }
 
 impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
     /// A zeroed gradient buffer of `n` elements: a released one (see `spare`) or the arena's.
     pub fn fresh_grad(&mut self, n: usize) -> Result<&'s mut [T]> {
-        match take_spare(&mut self.spare, n) {
+        match take_spare(&mut self.spare, n, self.par) {
             Some(g) => Ok(g),
             None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location)),
         }
@@ -232,7 +233,7 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         let dout = dout.as_deref().expect("backward visits only nodes whose gradient exists");
         if slot.is_none() {
             let n = node.shape.numel();
-            let g = match take_spare(&mut self.spare, n) {
+            let g = match take_spare(&mut self.spare, n, self.par) {
                 Some(g) => g,
                 None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location))?,
             };

@@ -5,9 +5,9 @@ For z >= 0, erfc(z) = exp(-z^2) * t * g(t) with t = 2/(2 + z) in (0, 1] and
 g(t) = exp(z^2) * erfc(z) / t, which runs from 1 at z = 0 down to 1/(2 sqrt(pi)) as
 z -> infinity (Numerical Recipes' change of variable, there applied to log g). g is smooth
 on [0, 1] and its Chebyshev coefficients in u = 2t - 1 fall geometrically, so one series
-covers the whole half-line: 14 terms for f32, 29 for f64, evaluated with Clenshaw's
-recurrence. Every term kept is printed; the dropped tail is bounded by the sum of the next
-30 coefficients' magnitudes, against g >= 0.28.
+covers the whole half-line: 29 terms for f64, the first 14 of them for f32, evaluated with Clenshaw's
+recurrence. The 29 terms are printed; each precision's dropped tail is bounded by the sum of
+the magnitudes of the coefficients after its last one (up to the 59th), against g >= 0.28.
 
 Run: python3 tools/erfc_chebyshev.py   (needs mpmath; prints Rust arrays)
 """
@@ -35,11 +35,13 @@ def chebyshev(f, n, m=240):
     return cs
 
 
+cs = chebyshev(g, 29 + 30)
 for name, n in [("f32", 14), ("f64", 29)]:
-    cs = chebyshev(g, n + 30)
     tail = mp.fsum(abs(c) for c in cs[n:])
     print(f"// {name}: {n} terms, dropped tail {mp.nstr(tail, 3)} (g >= 0.28)")
-    print(f"const ERFC_CHEB: [{name}; {n}] = [")
-    for c in cs[:n]:
-        print(f"    {float(c)!r},")
-    print("];")
+# One table: the f64 kernels use all of it, the f32 kernels its first 14 terms rounded
+# to f32 (vmath.rs's `erfc_cheb`); each coefficient does not depend on how many are kept.
+print("const ERFC_CHEB: [f64; 29] = [")
+for c in cs[:29]:
+    print(f"    {float(c)!r},")
+print("];")

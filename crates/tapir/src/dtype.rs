@@ -77,11 +77,9 @@ pub trait Float:
     /// `x·Φ(x)`, `Φ` the standard normal CDF, accurate in both tails.
     #[doc(hidden)]
     fn gelu(self) -> Self;
-    /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`](Float::gelu).
-    #[doc(hidden)]
-    fn gelu_grad(self) -> Self;
-    /// [`gelu_grad`](Float::gelu_grad) given `y = self.gelu()`: `Φ(x) = y/x`, so only
-    /// `e^(−x²/2)` is evaluated (GELU's backward reads the forward's output).
+    /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`](Float::gelu), given `y = self.gelu()`:
+    /// `Φ(x) = y/x`, so only `e^(−x²/2)` is evaluated (GELU's backward reads the forward's
+    /// output).
     #[doc(hidden)]
     fn gelu_grad_given(self, y: Self) -> Self;
     /// `|self|` with the sign of `sign`.
@@ -196,10 +194,6 @@ macro_rules! impl_float {
             #[inline(always)]
             fn gelu(self) -> Self {
                 crate::kernels::vmath::$m::gelu(self)
-            }
-            #[inline(always)]
-            fn gelu_grad(self) -> Self {
-                crate::kernels::vmath::$m::gelu_grad(self)
             }
             #[inline(always)]
             fn gelu_grad_given(self, y: Self) -> Self {

@@ -101,15 +101,8 @@ pub(crate) fn gelu_erf<T: Float>(x: T) -> T {
     x.gelu()
 }
 
-/// `Φ(x) + x·φ(x)`, the derivative of [`gelu_erf`], from `x` alone (the accuracy tests'
-/// reference for [`gelu_erf_grad_given`], which backward uses).
-#[cfg(test)]
-#[inline(always)]
-pub(crate) fn gelu_erf_grad<T: Float>(x: T) -> T {
-    x.gelu_grad()
-}
-
-/// [`gelu_erf_grad`] given `y = gelu_erf(x)` (backward has it): only `e^(−x²/2)` is evaluated.
+/// `Φ(x) + x·φ(x)`, the derivative of [`gelu_erf`], given `y = gelu_erf(x)` (backward has
+/// it): only `e^(−x²/2)` is evaluated.
 #[inline(always)]
 pub(crate) fn gelu_erf_grad_given<T: Float>(x: T, y: T) -> T {
     x.gelu_grad_given(y)

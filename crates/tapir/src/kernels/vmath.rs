@@ -37,6 +37,54 @@ const fn inv_factorial(n: u32) -> f64 {
     1.0 / f
 }
 
+/// The Chebyshev series of `g(t) = e^(z²)·erfc(z)/t`, `t = 2/(2 + z)`, in `u = 2t − 1`
+/// (`tools/erfc_chebyshev.py`): 29 terms for `f64` (dropped tail 1.1e−18, against
+/// `g ≥ 0.28`); `f32` takes the first 14 (see [`erfc_cheb`]).
+#[allow(clippy::excessive_precision, clippy::unreadable_literal)]
+const ERFC_CHEB: [f64; 29] = [
+    0.5770337386164697,
+    0.3554369212704985,
+    0.06509515882878653,
+    0.003671142395836639,
+    -0.0011128447433526325,
+    -0.0001607582991537808,
+    3.278031574173137e-05,
+    5.442441645505016e-06,
+    -1.5154665553171482e-06,
+    -1.4297608181169865e-07,
+    8.234608827419493e-08,
+    -1.2962846852306563e-09,
+    -4.154721631015199e-09,
+    6.347058278362811e-10,
+    1.4320822712256225e-10,
+    -6.160390105204585e-11,
+    2.0612138554721698e-12,
+    3.5714931488477042e-12,
+    -8.586422843251796e-13,
+    -6.14560021379063e-14,
+    7.418725748596617e-14,
+    -1.2895042755032325e-14,
+    -2.358726385710632e-15,
+    1.5729349381685912e-15,
+    -2.2782966239546465e-16,
+    -6.31233045075643e-17,
+    3.5916763531814925e-17,
+    -5.049809149847729e-18,
+    -1.5324541113154899e-18,
+];
+
+/// The first `N` terms of [`ERFC_CHEB`] rounded to `f32`, as the `f32` Taylor coefficients
+/// are rounded from their `f64` values.
+const fn erfc_cheb<const N: usize>() -> [f32; N] {
+    let mut c = [0.0; N];
+    let mut i = 0;
+    while i < N {
+        c[i] = ERFC_CHEB[i] as f32;
+        i += 1;
+    }
+    c
+}
+
 macro_rules! elementary {
     ($F:ident, $U:ident) => {
         type F = $F;
@@ -231,6 +279,18 @@ macro_rules! elementary {
             std::$F::consts::FRAC_2_SQRT_PI * exp_parts(-sh, -sl)
         }
 
+        /// Beyond this `|x|`, `e^(−x²/2)` and `Φ(−|x|)` are 0 in the type.
+        const NORMAL_ZERO: F = ERFC_ZERO * std::$F::consts::SQRT_2;
+
+        /// `(a, e)`: `a = |x|` clamped to [`NORMAL_ZERO`] and `e = e^(−a²/2)`, computed from
+        /// `a²` in two parts so that it does not inherit the rounding of `a²`.
+        #[inline(always)]
+        fn half_gaussian(x: F) -> (F, F) {
+            let a = clamp(x.abs(), 0.0, NORMAL_ZERO);
+            let (sh, sl) = square_parts(a);
+            (a, exp_parts(-0.5 * sh, -0.5 * sl))
+        }
+
         /// The pieces of `Φ(x)`, the standard normal CDF, and `φ(x)`, its density, without
         /// cancellation in either tail: `(q, e)` where `Φ(x) = q·e` for `x ≤ 0` and
         /// `1 − q·e` for `x > 0`, with `e = e^(−x²/2)` (computed from `x²` in two parts) and
@@ -239,9 +299,7 @@ macro_rules! elementary {
         /// range rounds once.
         #[inline(always)]
         fn normal_parts(x: F) -> (F, F) {
-            let a = clamp(x.abs(), 0.0, ERFC_ZERO * std::$F::consts::SQRT_2);
-            let (sh, sl) = square_parts(a);
-            let e = exp_parts(-0.5 * sh, -0.5 * sl);
+            let (a, e) = half_gaussian(x);
             // `t = 2/(2 + a/√2) = 2√2/(2√2 + a)`: two roundings, none for `a/√2`.
             let q = 0.5 * erfc_scaled(SQRT_8 / (SQRT_8 + a));
             (q, e)
@@ -258,7 +316,9 @@ macro_rules! elementary {
             }
         }
 
-        /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`].
+        /// `Φ(x) + x·φ(x)`, the derivative of [`gelu`], from `x` alone: the accuracy tests'
+        /// reference for `gelu_grad_given`, which backward uses.
+        #[cfg(test)]
         #[inline(always)]
         pub(crate) fn gelu_grad(x: F) -> F {
             let (q, e) = normal_parts(x);
@@ -270,18 +330,15 @@ macro_rules! elementary {
             }
         }
 
-        /// [`gelu_grad`] given `y = gelu(x)`, for backward, which has the forward's output:
+        /// `gelu_grad` given `y = gelu(x)`, for backward, which has the forward's output:
         /// `Φ(x) = y/x` (`½` near 0; `0` or `1` where `e^(−x²/2)` underflows, so that `y/x` is
         /// not `∞/∞`), and only `e^(−x²/2)` is evaluated, not the erfc series again.
         #[inline(always)]
         pub(crate) fn gelu_grad_given(x: F, y: F) -> F {
-            const SATURATE: F = ERFC_ZERO * std::$F::consts::SQRT_2;
-            let a = clamp(x.abs(), 0.0, SATURATE);
-            let (sh, sl) = square_parts(a);
-            let e = exp_parts(-0.5 * sh, -0.5 * sl);
+            let (a, e) = half_gaussian(x);
             // Below `ε/4`, `Φ(x) = ½` to half an ulp, and `y` may have lost bits to underflow.
             let cdf = if a < F::EPSILON * 0.25 { 0.5 } else { y / x };
-            let cdf = if a < SATURATE {
+            let cdf = if a < NORMAL_ZERO {
                 cdf
             } else if x > 0.0 {
                 1.0
@@ -351,24 +408,9 @@ pub(crate) mod m32 {
         c
     }
 
-    /// From `tools/erfc_chebyshev.py`: dropped tail 2.1e−10, against `g ≥ 0.28`.
-    #[allow(clippy::excessive_precision)]
-    const ERFC_CHEB: [F; 14] = [
-        0.5770337386164697,
-        0.3554369212704985,
-        0.06509515882878653,
-        0.003671142395836639,
-        -0.0011128447433526325,
-        -0.0001607582991537808,
-        3.278031574173137e-05,
-        5.442441645505016e-06,
-        -1.5154665553171482e-06,
-        -1.4297608181169865e-07,
-        8.234608827419493e-08,
-        -1.2962846852306563e-09,
-        -4.154721631015199e-09,
-        6.347058278362811e-10,
-    ];
+    /// The first 14 terms of the `f64` series (`tools/erfc_chebyshev.py`: dropped tail
+    /// 2.1e−10, against `g ≥ 0.28`), rounded to `f32`.
+    const ERFC_CHEB: [F; 14] = super::erfc_cheb();
 }
 
 /// `f64` kernels.
@@ -439,37 +481,5 @@ pub(crate) mod m64 {
         c
     }
 
-    /// From `tools/erfc_chebyshev.py`: dropped tail 1.1e−18, against `g ≥ 0.28`.
-    #[allow(clippy::excessive_precision, clippy::unreadable_literal)]
-    const ERFC_CHEB: [F; 29] = [
-        0.5770337386164697,
-        0.3554369212704985,
-        0.06509515882878653,
-        0.003671142395836639,
-        -0.0011128447433526325,
-        -0.0001607582991537808,
-        3.278031574173137e-05,
-        5.442441645505016e-06,
-        -1.5154665553171482e-06,
-        -1.4297608181169865e-07,
-        8.234608827419493e-08,
-        -1.2962846852306563e-09,
-        -4.154721631015199e-09,
-        6.347058278362811e-10,
-        1.4320822712256225e-10,
-        -6.160390105204585e-11,
-        2.0612138554721698e-12,
-        3.5714931488477042e-12,
-        -8.586422843251796e-13,
-        -6.14560021379063e-14,
-        7.418725748596617e-14,
-        -1.2895042755032325e-14,
-        -2.358726385710632e-15,
-        1.5729349381685912e-15,
-        -2.2782966239546465e-16,
-        -6.31233045075643e-17,
-        3.5916763531814925e-17,
-        -5.049809149847729e-18,
-        -1.5324541113154899e-18,
-    ];
+    const ERFC_CHEB: [F; 29] = super::ERFC_CHEB;
 }

@@ -116,11 +116,13 @@ impl Arena {
     }
 
     /// A zero-filled slice of `len` elements.
+    #[inline]
     pub(crate) fn alloc_zeroed<T: Pod>(&self, len: usize) -> Result<&mut [T], AllocFail> {
         self.alloc_fill(len, T::zeroed())
     }
 
     /// A slice of `len` copies of `value`.
+    #[inline]
     pub(crate) fn alloc_fill<T: Pod>(&self, len: usize, value: T) -> Result<&mut [T], AllocFail> {
         let requested = self.reserve(len, std::mem::size_of::<T>())?;
         let out = self.bump.try_alloc_slice_fill_copy(len, value).map_err(|_| AllocFail::Oom { requested })?;

@@ -29,6 +29,16 @@ fn main() {
     for step in 1..=6 {
         let t = Instant::now();
         loss = mlp.step(&mut g);
+        if std::env::var_os("W8_TRACE").is_some() {
+            let st = g.stats();
+            eprintln!(
+                "step {step}: RSS {} KiB, peak {} KiB, arena cap main {} scratch {}",
+                benches::rss::current_kib().unwrap_or(0),
+                benches::rss::peak_kib().unwrap_or(0),
+                st.arena.capacity >> 10,
+                st.scratch.capacity >> 10
+            );
+        }
         if step > 2 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }

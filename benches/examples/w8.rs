@@ -4,10 +4,12 @@
 //! cargo build --release -p benches --example w8
 //! TAPIR_THREADS=2 target/release/examples/w8 plain
 //! TAPIR_THREADS=2 target/release/examples/w8 checkpoint
+//! TAPIR_THREADS=2 target/release/examples/w8 checkpoint 22   # 22 steps instead of 6
 //! ```
 //!
-//! Prints the median ms per step (6 steps, the first 2 warm up, as `just compare`), the
-//! peak RSS and the arena high-water mark (main + scratch).
+//! Prints the median (and the least) ms per step (by default 6 steps, the first 2 warm up, as `just
+//! compare`), the peak RSS and the arena high-water mark (main + scratch). With
+//! `W8_TRACE` set it also prints the RSS after each step.
 
 use std::time::Instant;
 
@@ -20,13 +22,21 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let steps: usize = match std::env::args().nth(2).map(|s| s.parse()) {
+        None => 6,
+        Some(Ok(n)) if n >= 3 => n,
+        _ => {
+            eprintln!("usage: w8 plain|checkpoint [steps >= 3]");
+            std::process::exit(2);
+        }
+    };
     let threads = benches::threads();
     tapir::init_threads(threads).expect("no parallel work before this");
     let mut g = benches::graph(threads);
     let mut mlp = benches::DeepMlp::new(checkpoint);
     let mut times = Vec::new();
     let mut loss = 0.0;
-    for step in 1..=6 {
+    for step in 1..=steps {
         let t = Instant::now();
         loss = mlp.step(&mut g);
         if std::env::var_os("W8_TRACE").is_some() {
@@ -47,14 +57,25 @@ fn main() {
     let st = g.stats();
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     println!(
-        "w8 {} threads {threads}: {:.0} ms/step (steps 3-6: {:?}), peak RSS {:.0} MiB, arena high-water {:.0} MiB \
+        "w8 {} threads {threads}: {:.0} ms/step (min {:.0}; steps 3-{steps}: {:?}), peak RSS {:.0} MiB, arena high-water {:.0} MiB \
          (main {:.0} + scratch {:.0}), loss {loss}",
         if checkpoint { "checkpoint-every-4" } else { "plain" },
-        (times[1] + times[2]) / 2.0,
+        median(&times),
+        times[0],
         times.iter().map(|t| t.round()).collect::<Vec<_>>(),
         benches::rss::peak_kib().unwrap_or(0) as f64 / 1024.0,
         mib(st.arena.high_water + st.scratch.high_water),
         mib(st.arena.high_water),
         mib(st.scratch.high_water),
     );
+}
+
+/// The median of sorted `t`.
+fn median(t: &[f64]) -> f64 {
+    let n = t.len();
+    if n % 2 == 1 {
+        t[n / 2]
+    } else {
+        (t[n / 2 - 1] + t[n / 2]) / 2.0
+    }
 }

@@ -376,8 +376,43 @@ pub(crate) fn select_axis_grad<T: Float>(
     }
 }
 
+/// `ln Σ exp(row)`, shifted by the row's maximum `m`: NaN if any element is NaN, and `m`
+/// itself when it is infinite. Inlined into its caller, so that under SIMD dispatch the
+/// maximum and the sum of exponentials run in eight lanes of the dispatched width.
+#[inline(always)]
+pub(crate) fn row_lse<T: Float>(row: &[T]) -> T {
+    // The maximum of the non-NaN elements, in lanes (a compare and a select each).
+    let mut lanes = [T::neg_infinity(); 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    let mut m = T::neg_infinity();
+    for v in lanes.into_iter().chain(rest.iter().copied()) {
+        m = if v > m { v } else { m };
+    }
+    if !m.is_finite() {
+        // An infinity, or nothing but NaN and −∞: the NaN-propagating maximum is the answer.
+        return row.iter().fold(T::neg_infinity(), |m, &v| if !m.is_nan() && (v > m || v.is_nan()) { v } else { m });
+    }
+    // A NaN element makes its exponential NaN, and with it the sum.
+    m + sum_map(row, |v| (v - m).exp()).ln()
+}
+
 /// `out[o, i] = log Σ_l exp(x[o, l, i])`, shifted by the maximum for stability.
 pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, usize), out: &mut [T]) {
+    if inner == 1 && len > 0 {
+        // The last axis: contiguous rows, vectorised.
+        simd::run(x.len(), || {
+            for (row, o) in x.chunks_exact(len).zip(out.iter_mut()) {
+                *o = row_lse(row);
+            }
+        });
+        return;
+    }
     for o in 0..outer {
         for i in 0..inner {
             let at = |l: usize| x[(o * len + l) * inner + i];
@@ -535,6 +570,31 @@ fn transpose_tiles<T: Float>(x: &[T], m: usize, n: usize, mut put: impl FnMut(us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Against `ln Σ eˣ` summed in f64 from the unshifted values (a different order
+    /// and no shift), for lengths around the 8-lane chunks, and the special values.
+    #[test]
+    fn row_lse_matches_a_direct_sum_and_keeps_nan_and_infinities() {
+        for len in [1usize, 7, 8, 9, 23, 96, 100] {
+            let row: Vec<f64> = (0..len).map(|i| ((i * 37 % 11) as f64 - 5.0) * 1.3).collect();
+            let direct = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let got = row_lse(&row);
+            assert!((got - direct).abs() < 1e-13, "len {len}: {got} vs {direct}");
+            let row32: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+            assert!((row_lse(&row32) as f64 - direct).abs() < 1e-5, "f32 len {len}");
+            for at in [0, len / 2, len - 1] {
+                let mut bad = row.clone();
+                bad[at] = f64::NAN;
+                assert!(row_lse(&bad).is_nan(), "NaN at {at} of {len}");
+                bad[at] = f64::INFINITY;
+                assert_eq!(row_lse(&bad), f64::INFINITY, "+inf at {at} of {len}");
+                bad[(at + 1) % len] = f64::NAN;
+                assert!(len == 1 || row_lse(&bad).is_nan(), "+inf and NaN in {len}");
+            }
+            assert_eq!(row_lse(&vec![f64::NEG_INFINITY; len]), f64::NEG_INFINITY);
+            assert!(row_lse(&vec![f64::NAN; len]).is_nan());
+        }
+    }
 
     #[test]
     fn tiled_transpose_matches_the_strided_walk() {

@@ -9,8 +9,8 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{NodeId, Var};
-use crate::kernels::par;
 use crate::kernels::scalar::{sigmoid, softplus};
+use crate::kernels::{par, row_lse, simd};
 use crate::ops::{Op, OpKind};
 use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::shape::Shape;
@@ -34,16 +34,6 @@ fn labels_for<T: Float>(r: &mut Rec<'_, '_, T>, shape: Shape, labels: &[usize]) 
     Ok((labels.len(), c, at))
 }
 
-/// `ln Σ exp(row)`, shifted by the maximum.
-fn row_lse<T: Float>(row: &[T]) -> T {
-    // NaN-propagating: a NaN logit makes the loss NaN.
-    let m = row.iter().fold(T::neg_infinity(), |m, &v| if !m.is_nan() && (v > m || v.is_nan()) { v } else { m });
-    if !m.is_finite() {
-        return m;
-    }
-    m + row.iter().map(|&v| (v - m).exp()).sum::<T>().ln()
-}
-
 impl<'s, T: Float> Var<'s, T> {
     /// Softmax cross-entropy of logits `[N, C]` against integer class labels, averaged
     /// over the batch (PyTorch's `F.cross_entropy`).
@@ -58,12 +48,14 @@ impl<'s, T: Float> Var<'s, T> {
             let (n, c, at) = labels_for(r, shape, labels)?;
             let x = r.value(self.id);
             let rows = |start: usize, end: usize| {
-                let mut total = T::ZERO;
-                for (i, &y) in labels.iter().enumerate().take(end).skip(start) {
-                    let row = &x[i * c..(i + 1) * c];
-                    total += row_lse(row) - row[y];
-                }
-                total
+                simd::run((end - start) * c, || {
+                    let mut total = T::ZERO;
+                    for (i, &y) in labels.iter().enumerate().take(end).skip(start) {
+                        let row = &x[i * c..(i + 1) * c];
+                        total += row_lse(row) - row[y];
+                    }
+                    total
+                })
             };
             // Large batches: per-chunk partial sums (rows per chunk fixed by the shape).
             let total = if x.len() < par::MIN_PARALLEL {
@@ -144,15 +136,17 @@ pub(crate) fn backward_cross_entropy<'s, T: Float>(
         // Rows are independent: a large batch is split by rows over the threads.
         let rows = |start: usize, dx: &mut [T]| {
             let i0 = start / c.max(1);
-            for (k, drow) in dx.chunks_exact_mut(c).enumerate() {
-                let i = i0 + k;
-                let row = &x[i * c..(i + 1) * c];
-                let lse = row_lse(row);
-                for (d, &v) in drow.iter_mut().zip(row) {
-                    *d += scale * (v - lse).exp();
+            simd::run(dx.len(), || {
+                for (k, drow) in dx.chunks_exact_mut(c).enumerate() {
+                    let i = i0 + k;
+                    let row = &x[i * c..(i + 1) * c];
+                    let lse = row_lse(row);
+                    for (d, &v) in drow.iter_mut().zip(row) {
+                        *d += scale * (v - lse).exp();
+                    }
+                    drow[labels[i] as usize] -= scale;
                 }
-                drow[labels[i] as usize] -= scale;
-            }
+            })
         };
         if x.len() < par::MIN_PARALLEL || c == 0 {
             rows(0, dx);

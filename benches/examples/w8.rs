@@ -60,7 +60,7 @@ fn main() {
         "w8 {} threads {threads}: {:.0} ms/step (min {:.0}; steps 3-{steps}: {:?}), peak RSS {:.0} MiB, arena high-water {:.0} MiB \
          (main {:.0} + scratch {:.0}), loss {loss}",
         if checkpoint { "checkpoint-every-4" } else { "plain" },
-        median(&times),
+        benches::median(&mut times),
         times[0],
         times.iter().map(|t| t.round()).collect::<Vec<_>>(),
         benches::rss::peak_kib().unwrap_or(0) as f64 / 1024.0,
@@ -68,14 +68,4 @@ fn main() {
         mib(st.arena.high_water),
         mib(st.scratch.high_water),
     );
-}
-
-/// The median of sorted `t`.
-fn median(t: &[f64]) -> f64 {
-    let n = t.len();
-    if n % 2 == 1 {
-        t[n / 2]
-    } else {
-        (t[n / 2 - 1] + t[n / 2]) / 2.0
-    }
 }

@@ -344,6 +344,17 @@ pub fn bytes_per_node(numel: usize, ops: usize, op: ChainOp) -> NodeBytes {
 mod w7;
 pub use w7::MlpHvp;
 
+/// The median of `v` (sorted in place): the middle value, or the mean of the two middle
+/// ones for an even count; NaN for none.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Resident memory of this process, from `/proc/self/status` (Linux only).
 pub mod rss {
     fn field(name: &str) -> Option<u64> {

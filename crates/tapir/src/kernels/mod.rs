@@ -396,10 +396,16 @@ pub(crate) fn row_lse<T: Float>(row: &[T]) -> T {
     }
     if !m.is_finite() {
         // An infinity, or nothing but NaN and −∞: the NaN-propagating maximum is the answer.
-        return row.iter().fold(T::neg_infinity(), |m, &v| if !m.is_nan() && (v > m || v.is_nan()) { v } else { m });
+        return nan_max(row.iter().copied());
     }
     // A NaN element makes its exponential NaN, and with it the sum.
     m + sum_map(row, |v| (v - m).exp()).ln()
+}
+
+/// The maximum, NaN as soon as one value is NaN (`Float::max` would skip it); −∞ for none.
+#[inline]
+fn nan_max<T: Float>(values: impl Iterator<Item = T>) -> T {
+    values.fold(T::neg_infinity(), |m, v| if !m.is_nan() && (v > m || v.is_nan()) { v } else { m })
 }
 
 /// `out[o, i] = log Σ_l exp(x[o, l, i])`, shifted by the maximum for stability.
@@ -416,14 +422,7 @@ pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usi
     for o in 0..outer {
         for i in 0..inner {
             let at = |l: usize| x[(o * len + l) * inner + i];
-            // The maximum, NaN-propagating (`Float::max` would skip a NaN).
-            let mut m = T::neg_infinity();
-            for l in 0..len {
-                let v = at(l);
-                if !m.is_nan() && (v > m || v.is_nan()) {
-                    m = v;
-                }
-            }
+            let m = nan_max((0..len).map(at));
             out[o * inner + i] = if m.is_finite() {
                 let mut s = T::ZERO;
                 for l in 0..len {

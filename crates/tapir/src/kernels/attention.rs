@@ -72,38 +72,41 @@ pub(crate) fn weights<T: Float>(par: Par, dims: AttnDims, qkv: &[T], causal: boo
     if t == 0 || h == 0 {
         return;
     }
-    dims.per_seq(par, p, h * t * t, |b, pb| {
-        let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-        for (hi, ph) in pb.chunks_exact_mut(t * t).enumerate() {
-            // ph = q_h · k_hᵀ
-            T::gemm_strided(
-                ph,
-                t,
-                dims.block(seq, 0, hi),
-                ld,
-                false,
-                dims.block(seq, 1, hi),
-                ld,
-                true,
-                (t, d, t),
-                false,
-            );
-            for (i, row) in ph.chunks_exact_mut(t).enumerate() {
-                let (seen, unseen) = row.split_at_mut(dims.keys(i, causal));
-                softmax_in_place(seen, scale);
-                unseen.fill(T::ZERO);
+    dims.per_seq(
+        par,
+        p,
+        h * t * t,
+        #[inline(always)]
+        |b, pb| {
+            let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+            for (hi, ph) in pb.chunks_exact_mut(t * t).enumerate() {
+                // ph = q_h · k_hᵀ
+                T::gemm_strided(
+                    ph,
+                    t,
+                    dims.block(seq, 0, hi),
+                    ld,
+                    false,
+                    dims.block(seq, 1, hi),
+                    ld,
+                    true,
+                    (t, d, t),
+                    false,
+                );
+                for (i, row) in ph.chunks_exact_mut(t).enumerate() {
+                    let (seen, unseen) = row.split_at_mut(dims.keys(i, causal));
+                    softmax_in_place(seen, scale);
+                    unseen.fill(T::ZERO);
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// `row ← softmax(scale · row)`, shifted by the row's maximum.
 #[inline(always)]
 fn softmax_in_place<T: Float>(row: &mut [T], scale: T) {
-    let mut m = T::neg_infinity();
-    for &v in row.iter() {
-        m = m.max(v);
-    }
+    let m = super::max_lanes(row);
     for v in row.iter_mut() {
         *v = ((*v - m) * scale).exp();
     }
@@ -132,38 +135,61 @@ pub(crate) fn weights_backward<T: Float>(
     if t == 0 || h == 0 {
         return;
     }
-    dims.per_seq(par, ds, h * t * t, |b, dsb| {
-        let at = b * h * t * t;
-        let rows = p[at..at + dsb.len()].chunks_exact(t).zip(dp[at..at + dsb.len()].chunks_exact(t));
-        for (o, (pr, dpr)) in dsb.chunks_exact_mut(t).zip(rows) {
-            let dot = super::sum(mul_rows(pr, dpr, o));
-            for ((o, &pv), &dv) in o.iter_mut().zip(pr).zip(dpr) {
-                *o = scale * pv * (dv - dot);
+    dims.per_seq(
+        par,
+        ds,
+        h * t * t,
+        #[inline(always)]
+        |b, dsb| {
+            let at = b * h * t * t;
+            let rows = p[at..at + dsb.len()].chunks_exact(t).zip(dp[at..at + dsb.len()].chunks_exact(t));
+            for (o, (pr, dpr)) in dsb.chunks_exact_mut(t).zip(rows) {
+                let dot = super::sum(mul_rows(pr, dpr, o));
+                for ((o, &pv), &dv) in o.iter_mut().zip(pr).zip(dpr) {
+                    *o = scale * pv * (dv - dot);
+                }
             }
-        }
-    });
+        },
+    );
     let ds = &*ds;
-    dims.per_seq(par, dqkv, t * ld, |b, dseq| {
-        let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-        for hi in 0..h {
-            let at = (b * h + hi) * t * t;
-            let dsh = &ds[at..at + t * t];
-            T::gemm_strided(&mut dseq[hi * d..], ld, dsh, t, false, dims.block(seq, 1, hi), ld, false, (t, t, d), true);
-            let c = dims.c();
-            T::gemm_strided(
-                &mut dseq[c + hi * d..],
-                ld,
-                dsh,
-                t,
-                true,
-                dims.block(seq, 0, hi),
-                ld,
-                false,
-                (t, t, d),
-                true,
-            );
-        }
-    });
+    dims.per_seq(
+        par,
+        dqkv,
+        t * ld,
+        #[inline(always)]
+        |b, dseq| {
+            let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+            for hi in 0..h {
+                let at = (b * h + hi) * t * t;
+                let dsh = &ds[at..at + t * t];
+                T::gemm_strided(
+                    &mut dseq[hi * d..],
+                    ld,
+                    dsh,
+                    t,
+                    false,
+                    dims.block(seq, 1, hi),
+                    ld,
+                    false,
+                    (t, t, d),
+                    true,
+                );
+                let c = dims.c();
+                T::gemm_strided(
+                    &mut dseq[c + hi * d..],
+                    ld,
+                    dsh,
+                    t,
+                    true,
+                    dims.block(seq, 0, hi),
+                    ld,
+                    false,
+                    (t, t, d),
+                    true,
+                );
+            }
+        },
+    );
 }
 
 /// `out = a ⊙ b`, returned for a sum.
@@ -182,24 +208,30 @@ pub(crate) fn attend<T: Float>(par: Par, dims: AttnDims, p: &[T], qkv: &[T], out
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(par, out, t * c, |b, ob| {
-        let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-        for hi in 0..h {
-            let at = (b * h + hi) * t * t;
-            T::gemm_strided(
-                &mut ob[hi * d..],
-                c,
-                &p[at..at + t * t],
-                t,
-                false,
-                dims.block(seq, 2, hi),
-                ld,
-                false,
-                (t, t, d),
-                false,
-            );
-        }
-    });
+    dims.per_seq(
+        par,
+        out,
+        t * c,
+        #[inline(always)]
+        |b, ob| {
+            let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+            for hi in 0..h {
+                let at = (b * h + hi) * t * t;
+                T::gemm_strided(
+                    &mut ob[hi * d..],
+                    c,
+                    &p[at..at + t * t],
+                    t,
+                    false,
+                    dims.block(seq, 2, hi),
+                    ld,
+                    false,
+                    (t, t, d),
+                    false,
+                );
+            }
+        },
+    );
 }
 
 /// Backward of [`attend`] into the weights: `dp_bh += dout_bh · v_hᵀ`.
@@ -209,12 +241,18 @@ pub(crate) fn attend_backward_p<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(par, dp, h * t * t, |b, dpb| {
-        let (seq, g) = (&qkv[b * t * ld..(b + 1) * t * ld], &dout[b * t * c..(b + 1) * t * c]);
-        for (hi, dph) in dpb.chunks_exact_mut(t * t).enumerate() {
-            T::gemm_strided(dph, t, &g[hi * d..], c, false, dims.block(seq, 2, hi), ld, true, (t, d, t), true);
-        }
-    });
+    dims.per_seq(
+        par,
+        dp,
+        h * t * t,
+        #[inline(always)]
+        |b, dpb| {
+            let (seq, g) = (&qkv[b * t * ld..(b + 1) * t * ld], &dout[b * t * c..(b + 1) * t * c]);
+            for (hi, dph) in dpb.chunks_exact_mut(t * t).enumerate() {
+                T::gemm_strided(dph, t, &g[hi * d..], c, false, dims.block(seq, 2, hi), ld, true, (t, d, t), true);
+            }
+        },
+    );
 }
 
 /// Backward of [`attend`] into the value blocks of `dqkv`: `dv_h += p_bhᵀ · dout_bh`.
@@ -224,22 +262,28 @@ pub(crate) fn attend_backward_v<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(par, dqkv, t * ld, |b, dseq| {
-        let g = &dout[b * t * c..(b + 1) * t * c];
-        for hi in 0..h {
-            let at = (b * h + hi) * t * t;
-            T::gemm_strided(
-                &mut dseq[2 * c + hi * d..],
-                ld,
-                &p[at..at + t * t],
-                t,
-                true,
-                &g[hi * d..],
-                c,
-                false,
-                (t, t, d),
-                true,
-            );
-        }
-    });
+    dims.per_seq(
+        par,
+        dqkv,
+        t * ld,
+        #[inline(always)]
+        |b, dseq| {
+            let g = &dout[b * t * c..(b + 1) * t * c];
+            for hi in 0..h {
+                let at = (b * h + hi) * t * t;
+                T::gemm_strided(
+                    &mut dseq[2 * c + hi * d..],
+                    ld,
+                    &p[at..at + t * t],
+                    t,
+                    true,
+                    &g[hi * d..],
+                    c,
+                    false,
+                    (t, t, d),
+                    true,
+                );
+            }
+        },
+    );
 }

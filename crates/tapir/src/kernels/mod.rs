@@ -421,11 +421,15 @@ fn nan_max<T: Float>(values: impl Iterator<Item = T>) -> T {
 pub(crate) fn logsumexp_axis<T: Float>(x: &[T], (outer, len, inner): (usize, usize, usize), out: &mut [T]) {
     if inner == 1 && len > 0 {
         // The last axis: contiguous rows, vectorised.
-        simd::run(x.len(), || {
-            for (row, o) in x.chunks_exact(len).zip(out.iter_mut()) {
-                *o = row_lse(row);
-            }
-        });
+        simd::run(
+            x.len(),
+            #[inline(always)]
+            || {
+                for (row, o) in x.chunks_exact(len).zip(out.iter_mut()) {
+                    *o = row_lse(row);
+                }
+            },
+        );
         return;
     }
     for o in 0..outer {

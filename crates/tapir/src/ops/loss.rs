@@ -48,14 +48,18 @@ impl<'s, T: Float> Var<'s, T> {
             let (n, c, at) = labels_for(r, shape, labels)?;
             let x = r.value(self.id);
             let rows = |start: usize, end: usize| {
-                simd::run((end - start) * c, || {
-                    let mut total = T::ZERO;
-                    for (i, &y) in labels.iter().enumerate().take(end).skip(start) {
-                        let row = &x[i * c..(i + 1) * c];
-                        total += row_lse(row) - row[y];
-                    }
-                    total
-                })
+                simd::run(
+                    (end - start) * c,
+                    #[inline(always)]
+                    || {
+                        let mut total = T::ZERO;
+                        for (i, &y) in labels.iter().enumerate().take(end).skip(start) {
+                            let row = &x[i * c..(i + 1) * c];
+                            total += row_lse(row) - row[y];
+                        }
+                        total
+                    },
+                )
             };
             // Large batches: per-chunk partial sums (rows per chunk fixed by the shape).
             let total = if x.len() < par::MIN_PARALLEL {
@@ -136,17 +140,21 @@ pub(crate) fn backward_cross_entropy<'s, T: Float>(
         // Rows are independent: a large batch is split by rows over the threads.
         let rows = |start: usize, dx: &mut [T]| {
             let i0 = start / c.max(1);
-            simd::run(dx.len(), || {
-                for (k, drow) in dx.chunks_exact_mut(c).enumerate() {
-                    let i = i0 + k;
-                    let row = &x[i * c..(i + 1) * c];
-                    let lse = row_lse(row);
-                    for (d, &v) in drow.iter_mut().zip(row) {
-                        *d += scale * (v - lse).exp();
+            simd::run(
+                dx.len(),
+                #[inline(always)]
+                || {
+                    for (k, drow) in dx.chunks_exact_mut(c).enumerate() {
+                        let i = i0 + k;
+                        let row = &x[i * c..(i + 1) * c];
+                        let lse = row_lse(row);
+                        for (d, &v) in drow.iter_mut().zip(row) {
+                            *d += scale * (v - lse).exp();
+                        }
+                        drow[labels[i] as usize] -= scale;
                     }
-                    drow[labels[i] as usize] -= scale;
-                }
-            })
+                },
+            )
         };
         if x.len() < par::MIN_PARALLEL || c == 0 {
             rows(0, dx);

@@ -153,6 +153,22 @@ pub(crate) fn binary_grad<T: Float>(
     da: &mut [T],
     g: impl Fn(T, T, T) -> T,
 ) {
+    simd::run(
+        dout.len(),
+        #[inline(always)]
+        || binary_grad_loop((dout, so), (a, sa), (b, sb), da, g),
+    );
+}
+
+/// The loops of [`binary_grad`], inlined into its SIMD dispatch.
+#[inline(always)]
+fn binary_grad_loop<T: Float>(
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T,
+) {
     if sa == so && sb == so {
         for (((d, &go), &x), &y) in da.iter_mut().zip(dout).zip(a).zip(b) {
             *d += g(go, x, y);

@@ -140,7 +140,14 @@ pub(crate) fn fill<T: Float>(par: Par, out: &mut [T], v: T) {
 
 #[inline(never)]
 fn fill_chunks<T: Float>(par: Par, out: &mut [T], v: T) {
-    for_chunks(threads(par), out, CHUNK, &|_, o: &mut [T]| o.fill(v));
+    // Under SIMD dispatch: compiled for the baseline, the fill is a loop of 16-byte stores.
+    for_chunks(threads(par), out, CHUNK, &|_, o: &mut [T]| {
+        super::simd::run(
+            o.len(),
+            #[inline(always)]
+            || o.fill(v),
+        )
+    });
 }
 
 /// `dst[i] += c · src[i]` (see [`super::axpy`]).
@@ -295,11 +302,17 @@ fn binary_grad_chunks<T: Float>(
         // Column blocks of a fixed width; every block walks all rows in order.
         for_chunks(t, da, COLUMN_BLOCK, &|c, d: &mut [T]| {
             let e = c + d.len();
-            for (gc, bc) in dout.chunks_exact(n).zip(b.chunks_exact(n)) {
-                for (((d, &go), &x), &y) in d.iter_mut().zip(&gc[c..e]).zip(&a[c..e]).zip(&bc[c..e]) {
-                    *d += g(go, x, y);
-                }
-            }
+            super::simd::run(
+                d.len() * (dout.len() / n.max(1)),
+                #[inline(always)]
+                || {
+                    for (gc, bc) in dout.chunks_exact(n).zip(b.chunks_exact(n)) {
+                        for (((d, &go), &x), &y) in d.iter_mut().zip(&gc[c..e]).zip(&a[c..e]).zip(&bc[c..e]) {
+                            *d += g(go, x, y);
+                        }
+                    }
+                },
+            );
         });
     } else {
         super::binary_grad((dout, so), (a, sa), (b, sb), da, g);

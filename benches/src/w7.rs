@@ -1,7 +1,9 @@
 //! W7: the Hessian-vector product of the W2 MLP's loss with respect to all its
 //! parameters, `H v = ∇_θ ⟨∇_θ L, v⟩`, by reverse over reverse ([`Scope::grad_into`]
-//! recorded, then differentiated again), beside the loss's plain gradient from the fast
-//! [`Scope::backward_into`] path, so that the figure is the ratio time(HVP)/time(gradient).
+//! recorded, then differentiated again by the fast [`Scope::backward_into`], which
+//! records nothing: the PyTorch peer's `autograd.grad(create_graph=True)` followed by a
+//! plain `autograd.grad`), beside the loss's plain gradient from `backward_into`, so that
+//! the figure is the ratio time(HVP)/time(gradient).
 //! The network, batch and labels are W2's ([`crate::Mlp`]); `v` is a fixed normal vector.
 
 use tapir::{GradBuffer, Graph, ParamId, ParamStore, Scope, Tensor, Var};
@@ -16,6 +18,8 @@ pub struct MlpHvp {
     /// One direction tensor per parameter, in the order of `ids`.
     v: Vec<Tensor<f32>>,
     grads: GradBuffer<f32>,
+    /// `H v`, one slot per parameter, written by [`hvp`](MlpHvp::hvp).
+    hv: GradBuffer<f32>,
     x: Tensor<f32>,
     labels: Vec<usize>,
 }
@@ -44,7 +48,8 @@ impl MlpHvp {
             })
             .collect();
         let grads = store.zeros_like().expect("a store of six tensors");
-        MlpHvp { store, ids, v, grads, x, labels }
+        let hv = store.zeros_like().expect("a store of six tensors");
+        MlpHvp { store, ids, v, grads, hv, x, labels }
     }
 
     /// The loss on batch `x`, recorded in `s` on the parameter leaves `params`.
@@ -78,34 +83,28 @@ impl MlpHvp {
         })
     }
 
-    /// The Hessian-vector product `H v`, written into `out` (one vector per parameter, in
-    /// layer order); returns `Σ vᵀ H v` as a checksum.
-    pub fn hvp(&self, g: &mut Graph<f32>, out: &mut [Vec<f32>]) -> f32 {
+    /// The Hessian-vector product `H v`, into [`hv`](MlpHvp::hv) (one slot per
+    /// parameter); returns `Σ vᵀ H v` as a checksum.
+    pub fn hvp(&mut self, g: &mut Graph<f32>) -> f32 {
+        self.hv.zero();
+        let (store, ids, x, labels, v, hv) = (&self.store, &self.ids, &self.x, &self.labels, &self.v, &mut self.hv);
         g.scope(|s| {
-            let params: Vec<Var<'_, f32>> = self.ids.iter().map(|&id| s.param(&self.store, id)).collect();
-            let loss = Self::loss(s, &self.x, &self.labels, &params);
+            let params: Vec<Var<'_, f32>> = ids.iter().map(|&id| s.param(store, id)).collect();
+            let loss = Self::loss(s, x, labels, &params);
             let mut gs = params.clone();
             s.grad_into(loss, &params, &mut gs).expect("W7 records no error");
-            let mut dot = (gs[0] * s.input(&self.v[0])).sum();
-            for (g, v) in gs.iter().zip(&self.v).skip(1) {
+            let mut dot = (gs[0] * s.input(&v[0])).sum();
+            for (g, v) in gs.iter().zip(v).skip(1) {
                 dot = dot + (*g * s.input(v)).sum();
             }
-            let mut hv = params.clone();
-            s.grad_into(dot, &params, &mut hv).expect("W7 records no error");
-            let mut check = 0.0;
-            for ((o, h), v) in out.iter_mut().zip(&hv).zip(&self.v) {
-                let h = h.value().expect("W7 records no error");
-                o.clear();
-                o.extend_from_slice(h);
-                check += dot_lanes(h, v.data());
-            }
-            check
-        })
+            s.backward_into(dot, hv).expect("W7 records no error");
+        });
+        self.hv.iter().zip(&self.v).map(|((_, h), v)| dot_lanes(h.data(), v.data())).sum()
     }
 
-    /// Buffers for [`hvp`](MlpHvp::hvp)'s output.
-    pub fn out(&self) -> Vec<Vec<f32>> {
-        self.v.iter().map(|v| Vec::with_capacity(v.numel())).collect()
+    /// `H v` from the last [`hvp`](MlpHvp::hvp), one slot per parameter in layer order.
+    pub fn hv(&self) -> &GradBuffer<f32> {
+        &self.hv
     }
 }
 

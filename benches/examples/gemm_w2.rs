@@ -1,0 +1,105 @@
+//! W2's eight products one by one, one thread: Tapir's `gemm` (row-major, as the engine
+//! calls it) against faer on column-major matrices (as the faer-direct baseline calls it),
+//! and Tapir's output split into column blocks or its `k` into blocks.
+//! `cargo run --release -p benches --example gemm_w2 -- [THREADS]`.
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, Par};
+use std::time::Instant;
+use tapir::Float;
+
+fn time(f: &mut dyn FnMut()) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..20 {
+            f();
+        }
+        best = best.min(t.elapsed().as_secs_f64() / 20.0);
+    }
+    best * 1e3
+}
+
+fn main() {
+    let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    tapir::init_threads(threads).expect("no parallel work before this");
+    let par = if threads > 1 { Par::rayon(threads) } else { Par::Seq };
+    // (name, m, k, n, a_t, b_t, accumulate) as Tapir calls them in W2.
+    let shapes = [
+        ("h0 = x.W0 (+b)", 256, 784, 1024, false, false, true),
+        ("h1 = h0.W1 (+b)", 256, 1024, 1024, false, false, true),
+        ("h2 = h1.W2 (+b)", 256, 1024, 10, false, false, true),
+        ("dW2 += h1t.g2", 1024, 256, 10, true, false, true),
+        ("dh1 += g2.W2t", 256, 10, 1024, false, true, true),
+        ("dW1 += h0t.g1", 1024, 256, 1024, true, false, true),
+        ("dh0 += g1.W1t", 256, 1024, 1024, false, true, true),
+        ("dW0 += xt.g0", 784, 256, 1024, true, false, true),
+    ];
+    let (mut tt, mut tr, mut tf) = (0.0, 0.0, 0.0);
+    for &(name, m, k, n, a_t, b_t, acc) in &shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+        let mut c = vec![0.0f32; m * n];
+        let tapir = time(&mut || f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), acc, par));
+        let tapir_rep = time(&mut || f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), false, par));
+        // faer-direct: column-major m×k and k×n, dst m×n, as in `benches::FaerMlp`.
+        let fa = Mat::<f32>::from_fn(m, k, |i, j| a[(i * k + j) % a.len()]);
+        let fb = Mat::<f32>::from_fn(k, n, |i, j| b[(i * n + j) % b.len()]);
+        let mut fc = Mat::<f32>::zeros(m, n);
+        let faer = time(&mut || matmul(fc.as_mut(), Accum::Replace, fa.as_ref(), fb.as_ref(), 1.0f32, par));
+        // Tapir's n split into column blocks (faer's m for a row-major dst), and k blocks.
+        let mut variants = String::new();
+        for nb in [128usize, 256, 512] {
+            if nb >= n {
+                continue;
+            }
+            let t = time(&mut || {
+                let dst = faer::MatMut::from_row_major_slice_mut(&mut c, m, n);
+                let av = if a_t {
+                    faer::MatRef::from_row_major_slice(&a, k, m).transpose()
+                } else {
+                    faer::MatRef::from_row_major_slice(&a, m, k)
+                };
+                let bv = if b_t {
+                    faer::MatRef::from_row_major_slice(&b, n, k).transpose()
+                } else {
+                    faer::MatRef::from_row_major_slice(&b, k, n)
+                };
+                let mut dst = dst;
+                for j in (0..n).step_by(nb) {
+                    let w = nb.min(n - j);
+                    matmul(dst.as_mut().subcols_mut(j, w), Accum::Add, av, bv.subcols(j, w), 1.0f32, Par::Seq);
+                }
+            });
+            variants += &format!(" n/{nb} {t:.3}");
+        }
+        for kb in [128usize, 256, 512] {
+            if kb >= k {
+                continue;
+            }
+            let t = time(&mut || {
+                let mut dst = faer::MatMut::from_row_major_slice_mut(&mut c, m, n);
+                let av = if a_t {
+                    faer::MatRef::from_row_major_slice(&a, k, m).transpose()
+                } else {
+                    faer::MatRef::from_row_major_slice(&a, m, k)
+                };
+                let bv = if b_t {
+                    faer::MatRef::from_row_major_slice(&b, n, k).transpose()
+                } else {
+                    faer::MatRef::from_row_major_slice(&b, k, n)
+                };
+                for s in (0..k).step_by(kb) {
+                    let w = kb.min(k - s);
+                    matmul(dst.as_mut(), Accum::Add, av.subcols(s, w), bv.subrows(s, w), 1.0f32, Par::Seq);
+                }
+            });
+            variants += &format!(" k/{kb} {t:.3}");
+        }
+        println!("   variants:{variants}");
+        tt += tapir;
+        tr += tapir_rep;
+        tf += faer;
+        println!("{name:18} m {m:5} k {k:5} n {n:5}: tapir {tapir:.3} ms (replace {tapir_rep:.3}), faer col-major {faer:.3}, ratio {:.3}", tapir / faer);
+    }
+    println!("total: tapir {tt:.3} ms (replace {tr:.3}), faer col-major {tf:.3}, ratio {:.3}", tt / tf);
+}

@@ -1,4 +1,4 @@
-//! W2's eight products one by one, one thread: Tapir's `gemm` (row-major, as the engine
+//! W2's eight products one by one at THREADS threads (default 1): Tapir's `gemm` (row-major, as the engine
 //! calls it) against faer on column-major matrices (as the faer-direct baseline calls it),
 //! and Tapir's output split into column blocks or its `k` into blocks.
 //! `cargo run --release -p benches --example gemm_w2 -- [THREADS]`.

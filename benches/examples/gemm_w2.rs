@@ -48,22 +48,22 @@ fn main() {
         let faer = time(&mut || matmul(fc.as_mut(), Accum::Replace, fa.as_ref(), fb.as_ref(), 1.0f32, par));
         // Tapir's n split into column blocks (faer's m for a row-major dst), and k blocks.
         let mut variants = String::new();
+        let av = if a_t {
+            faer::MatRef::from_row_major_slice(&a, k, m).transpose()
+        } else {
+            faer::MatRef::from_row_major_slice(&a, m, k)
+        };
+        let bv = if b_t {
+            faer::MatRef::from_row_major_slice(&b, n, k).transpose()
+        } else {
+            faer::MatRef::from_row_major_slice(&b, k, n)
+        };
         for nb in [128usize, 256, 512] {
             if nb >= n {
                 continue;
             }
             let t = time(&mut || {
                 let dst = faer::MatMut::from_row_major_slice_mut(&mut c, m, n);
-                let av = if a_t {
-                    faer::MatRef::from_row_major_slice(&a, k, m).transpose()
-                } else {
-                    faer::MatRef::from_row_major_slice(&a, m, k)
-                };
-                let bv = if b_t {
-                    faer::MatRef::from_row_major_slice(&b, n, k).transpose()
-                } else {
-                    faer::MatRef::from_row_major_slice(&b, k, n)
-                };
                 let mut dst = dst;
                 for j in (0..n).step_by(nb) {
                     let w = nb.min(n - j);
@@ -78,16 +78,6 @@ fn main() {
             }
             let t = time(&mut || {
                 let mut dst = faer::MatMut::from_row_major_slice_mut(&mut c, m, n);
-                let av = if a_t {
-                    faer::MatRef::from_row_major_slice(&a, k, m).transpose()
-                } else {
-                    faer::MatRef::from_row_major_slice(&a, m, k)
-                };
-                let bv = if b_t {
-                    faer::MatRef::from_row_major_slice(&b, n, k).transpose()
-                } else {
-                    faer::MatRef::from_row_major_slice(&b, k, n)
-                };
                 for s in (0..k).step_by(kb) {
                     let w = kb.min(k - s);
                     matmul(dst.as_mut(), Accum::Add, av.subcols(s, w), bv.subrows(s, w), 1.0f32, Par::Seq);

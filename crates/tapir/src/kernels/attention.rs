@@ -50,7 +50,9 @@ impl AttnDims {
     }
 
     /// Runs `f(b, block)` for every sequence's block of `len_per_seq` elements of `dst`,
-    /// over the threads when the work is large, under SIMD dispatch.
+    /// over the threads when the work is large, under SIMD dispatch. A closure with loops
+    /// of its own (not only faer calls) must be `#[inline(always)]`, or LLVM may compile it
+    /// out of line for the baseline (docs/kernels.md, "Dispatch").
     fn per_seq<T: Float>(&self, par: Par, dst: &mut [T], len_per_seq: usize, f: impl Fn(usize, &mut [T]) + Sync) {
         let work = self.b * self.h * self.t * self.t * self.d;
         let threads = if work < par::MIN_PARALLEL * 8 { 1 } else { par::threads(par) };
@@ -152,44 +154,27 @@ pub(crate) fn weights_backward<T: Float>(
         },
     );
     let ds = &*ds;
-    dims.per_seq(
-        par,
-        dqkv,
-        t * ld,
-        #[inline(always)]
-        |b, dseq| {
-            let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-            for hi in 0..h {
-                let at = (b * h + hi) * t * t;
-                let dsh = &ds[at..at + t * t];
-                T::gemm_strided(
-                    &mut dseq[hi * d..],
-                    ld,
-                    dsh,
-                    t,
-                    false,
-                    dims.block(seq, 1, hi),
-                    ld,
-                    false,
-                    (t, t, d),
-                    true,
-                );
-                let c = dims.c();
-                T::gemm_strided(
-                    &mut dseq[c + hi * d..],
-                    ld,
-                    dsh,
-                    t,
-                    true,
-                    dims.block(seq, 0, hi),
-                    ld,
-                    false,
-                    (t, t, d),
-                    true,
-                );
-            }
-        },
-    );
+    dims.per_seq(par, dqkv, t * ld, |b, dseq| {
+        let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+        for hi in 0..h {
+            let at = (b * h + hi) * t * t;
+            let dsh = &ds[at..at + t * t];
+            T::gemm_strided(&mut dseq[hi * d..], ld, dsh, t, false, dims.block(seq, 1, hi), ld, false, (t, t, d), true);
+            let c = dims.c();
+            T::gemm_strided(
+                &mut dseq[c + hi * d..],
+                ld,
+                dsh,
+                t,
+                true,
+                dims.block(seq, 0, hi),
+                ld,
+                false,
+                (t, t, d),
+                true,
+            );
+        }
+    });
 }
 
 /// `out = a ⊙ b`, returned for a sum.
@@ -208,30 +193,24 @@ pub(crate) fn attend<T: Float>(par: Par, dims: AttnDims, p: &[T], qkv: &[T], out
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(
-        par,
-        out,
-        t * c,
-        #[inline(always)]
-        |b, ob| {
-            let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-            for hi in 0..h {
-                let at = (b * h + hi) * t * t;
-                T::gemm_strided(
-                    &mut ob[hi * d..],
-                    c,
-                    &p[at..at + t * t],
-                    t,
-                    false,
-                    dims.block(seq, 2, hi),
-                    ld,
-                    false,
-                    (t, t, d),
-                    false,
-                );
-            }
-        },
-    );
+    dims.per_seq(par, out, t * c, |b, ob| {
+        let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+        for hi in 0..h {
+            let at = (b * h + hi) * t * t;
+            T::gemm_strided(
+                &mut ob[hi * d..],
+                c,
+                &p[at..at + t * t],
+                t,
+                false,
+                dims.block(seq, 2, hi),
+                ld,
+                false,
+                (t, t, d),
+                false,
+            );
+        }
+    });
 }
 
 /// Backward of [`attend`] into the weights: `dp_bh += dout_bh · v_hᵀ`.
@@ -241,18 +220,12 @@ pub(crate) fn attend_backward_p<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(
-        par,
-        dp,
-        h * t * t,
-        #[inline(always)]
-        |b, dpb| {
-            let (seq, g) = (&qkv[b * t * ld..(b + 1) * t * ld], &dout[b * t * c..(b + 1) * t * c]);
-            for (hi, dph) in dpb.chunks_exact_mut(t * t).enumerate() {
-                T::gemm_strided(dph, t, &g[hi * d..], c, false, dims.block(seq, 2, hi), ld, true, (t, d, t), true);
-            }
-        },
-    );
+    dims.per_seq(par, dp, h * t * t, |b, dpb| {
+        let (seq, g) = (&qkv[b * t * ld..(b + 1) * t * ld], &dout[b * t * c..(b + 1) * t * c]);
+        for (hi, dph) in dpb.chunks_exact_mut(t * t).enumerate() {
+            T::gemm_strided(dph, t, &g[hi * d..], c, false, dims.block(seq, 2, hi), ld, true, (t, d, t), true);
+        }
+    });
 }
 
 /// Backward of [`attend`] into the value blocks of `dqkv`: `dv_h += p_bhᵀ · dout_bh`.
@@ -262,28 +235,22 @@ pub(crate) fn attend_backward_v<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
     if t == 0 || c == 0 {
         return;
     }
-    dims.per_seq(
-        par,
-        dqkv,
-        t * ld,
-        #[inline(always)]
-        |b, dseq| {
-            let g = &dout[b * t * c..(b + 1) * t * c];
-            for hi in 0..h {
-                let at = (b * h + hi) * t * t;
-                T::gemm_strided(
-                    &mut dseq[2 * c + hi * d..],
-                    ld,
-                    &p[at..at + t * t],
-                    t,
-                    true,
-                    &g[hi * d..],
-                    c,
-                    false,
-                    (t, t, d),
-                    true,
-                );
-            }
-        },
-    );
+    dims.per_seq(par, dqkv, t * ld, |b, dseq| {
+        let g = &dout[b * t * c..(b + 1) * t * c];
+        for hi in 0..h {
+            let at = (b * h + hi) * t * t;
+            T::gemm_strided(
+                &mut dseq[2 * c + hi * d..],
+                ld,
+                &p[at..at + t * t],
+                t,
+                true,
+                &g[hi * d..],
+                c,
+                false,
+                (t, t, d),
+                true,
+            );
+        }
+    });
 }

@@ -140,14 +140,7 @@ pub(crate) fn fill<T: Float>(par: Par, out: &mut [T], v: T) {
 
 #[inline(never)]
 fn fill_chunks<T: Float>(par: Par, out: &mut [T], v: T) {
-    // Under SIMD dispatch: compiled for the baseline, the fill is a loop of 16-byte stores.
-    for_chunks(threads(par), out, CHUNK, &|_, o: &mut [T]| {
-        super::simd::run(
-            o.len(),
-            #[inline(always)]
-            || o.fill(v),
-        )
-    });
+    for_chunks(threads(par), out, CHUNK, &|_, o: &mut [T]| o.fill(v));
 }
 
 /// `dst[i] += c · src[i]` (see [`super::axpy`]).

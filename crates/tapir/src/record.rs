@@ -58,6 +58,31 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         self.arena.alloc_iter(iter).map_err(|e| self.alloc_err(e))
     }
 
+    /// The value of the node being recorded, `out`, as the node keeps it: `out` itself,
+    /// or, where a checkpoint's recomputation showed that the next node overwrites it in
+    /// place, an empty value while `out` is held back for that node (see
+    /// [`InPlace`](crate::graph::tape::InPlace)).
+    #[inline]
+    pub fn hold_for_reader(&mut self, out: &'s mut [T]) -> &'s [T] {
+        let pos = self.tape.nodes.len();
+        match u32::try_from(pos) {
+            Ok(pos) if self.tape.in_place.listed(pos) => {
+                self.tape.in_place.pending = Some((pos, out));
+                &[]
+            }
+            _ => out,
+        }
+    }
+
+    /// Makes `buf`, handed to an in-place op by
+    /// [`Core::record_reading`](crate::graph::core::Core::record_reading) and now holding
+    /// that op's output, the value of its producer `x` too, and returns it.
+    pub fn overwrite(&mut self, x: NodeId<'s>, buf: &'s mut [T]) -> &'s [T] {
+        let buf: &'s [T] = buf;
+        self.tape.nodes[x.index()].value = buf;
+        buf
+    }
+
     /// Appends `items` to the tape's payload list and returns their offset. The payload
     /// counts against the arena's limit, and growing the list is fallible.
     pub fn extra<I>(&mut self, items: I) -> Result<u32>

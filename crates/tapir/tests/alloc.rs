@@ -169,10 +169,12 @@ fn warmed_up_hvp_step_allocates_nothing() {
     assert!(hv.iter().flatten().any(|&v| v != 0.0) && hv.iter().flatten().all(|v| v.is_finite()));
 }
 
-/// Two layers, `part` picking which: a checkpointed block reading parameters.
+/// Two layers, `part` picking which: a checkpointed block reading parameters, whose
+/// `linear` output the `relu` overwrites in place.
 struct Block<'a> {
     store: &'a ParamStore<f32>,
     w: [tapir::ParamId; 2],
+    b: tapir::ParamId,
 }
 
 impl tapir::Checkpoint<f32> for Block<'_> {
@@ -183,7 +185,7 @@ impl tapir::Checkpoint<f32> for Block<'_> {
         part: u32,
     ) -> tapir::Var<'c, f32> {
         let w = s.param(self.store, self.w[part as usize]);
-        let h = x[0].matmul(w).relu();
+        let h = x[0].linear(w, s.param(self.store, self.b)).relu();
         (h.matmul(w) + x[0]).tanh()
     }
 }
@@ -196,6 +198,7 @@ fn warmed_up_checkpointed_step_allocates_nothing() {
     let mut store = ParamStore::<f32>::new();
     let w0 = store.add("w0", Tensor::normal(&[16, 16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
     let w1 = store.add("w1", Tensor::normal(&[16, 16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let b = store.add("b", Tensor::normal(&[16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
     let x = Tensor::normal(&[8, 16], 0.0, 1.0, &mut rng).unwrap();
     let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
@@ -204,7 +207,7 @@ fn warmed_up_checkpointed_step_allocates_nothing() {
     for count in &mut counts {
         let before = ALLOC.allocations();
         grads.zero();
-        let block = Block { store: &store, w: [w0, w1] };
+        let block = Block { store: &store, w: [w0, w1], b };
         graph.scope(|s| {
             let h = s.checkpoint_part(&block, 0, &[s.input(&x)]);
             let h = s.checkpoint_part(&block, 1, &[h]);

@@ -101,12 +101,28 @@ impl<'s, T: Float> Core<'s, T> {
         location: Loc,
         f: impl FnOnce(&mut Rec<'_, 's, T>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
     ) -> Var<'s, T> {
+        self.record_reading(op, location, None, |r, _| f(r))
+    }
+
+    /// [`record_at`](Core::record_at) for an op that can overwrite its input `x` in
+    /// place: `f` is also handed `x`'s output buffer if a checkpoint's recomputation held
+    /// it back for this op (see [`InPlace`](crate::graph::tape::InPlace)); then `f` must
+    /// make it `x`'s value again.
+    #[inline(always)]
+    pub(crate) fn record_reading(
+        &'s self,
+        op: &'static str,
+        location: Loc,
+        x: Option<NodeId<'s>>,
+        f: impl FnOnce(&mut Rec<'_, 's, T>, Option<&'s mut [T]>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
+    ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
         if tape.error.is_some() {
             return self.poison();
         }
+        let held = if tape.in_place.pending.is_some() { take_held(&mut tape, x) } else { None };
         let op = self.op_name(op);
-        let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location });
+        let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
         let pushed = result.and_then(|(kind, shape, value)| {
             // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
             // the caller said so explicitly); every other node inherits it from its inputs.
@@ -165,4 +181,19 @@ impl<'s, T: Float> Core<'s, T> {
     pub(crate) fn fail_as(&'s self, op: &'static str, e: impl FnOnce(&'static str) -> Error) -> Var<'s, T> {
         self.fail(e(self.op_name(op)))
     }
+}
+
+/// The buffer held back for an in-place op if `x` is its producer; else the buffer
+/// becomes its producer's value again (the op reads it) and in-place work ends for the
+/// block (see [`InPlace`](crate::graph::tape::InPlace)).
+#[cold]
+#[inline(never)]
+pub(crate) fn take_held<'s, T>(tape: &mut Tape<'s, T>, x: Option<NodeId<'s>>) -> Option<&'s mut [T]> {
+    if let Some(buf) = x.and_then(|x| tape.in_place.take(x.raw())) {
+        return Some(buf);
+    }
+    if let Some((pos, buf)) = tape.in_place.give_back() {
+        tape.nodes[pos as usize].value = buf;
+    }
+    None
 }

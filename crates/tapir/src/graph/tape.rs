@@ -88,6 +88,91 @@ pub(crate) struct Tape<'s, T> {
     pub spare_grads: Vec<&'s mut [T]>,
     /// Bytes of gradient buffers that the last releasing pass gave up and nothing reused.
     pub released_bytes: usize,
+    /// Set when the caller reads or aliases a value (`Var::value`, `detach`, ...): a
+    /// checkpointed block that does so is recomputed without in-place ops.
+    pub values_read: std::cell::Cell<bool>,
+    /// In-place ops of a checkpoint's recomputation (see [`InPlace`]).
+    pub in_place: InPlace<'s, T>,
+}
+
+/// In-place ops of a checkpointed block: a producer (a `linear`) keeps its output buffer
+/// back as `pending` and records an empty value; the elementwise op that reads it next
+/// (one whose backward reads only its output) takes the buffer, computes in place and
+/// makes it both nodes' value. Anything else recorded first gives the buffer back to its
+/// producer (see `Core::record_at`). So a block holds one buffer where it had two.
+///
+/// Two modes (see `ops/checkpoint.rs`, "In place"):
+/// - *speculative*, in the block's forward: every `linear` is held back. Whether the
+///   overwritten value had another reader shows only after the block: then the forward
+///   runs again without in-place ops. A caller's read of an overwritten value computes it
+///   again (`ops::matmul::relinear`).
+/// - *listed*, in the recomputation for backward: only the nodes that the forward showed
+///   safe (`at`). A buffer given back ends in-place work for the block, and a caller's
+///   read of an overwritten value is an error: the block did not record as it did.
+#[derive(Debug, Default)]
+pub(crate) struct InPlace<'s, T> {
+    /// Listed: the node positions to overwrite, ascending. Speculative: the positions
+    /// overwritten so far.
+    pub at: Vec<u32>,
+    /// How many entries of `at` were overwritten: always the first ones.
+    taken: usize,
+    /// Speculative mode.
+    pub speculate: bool,
+    /// Set once a listed buffer went back to its producer.
+    stopped: bool,
+    /// A producer's output held back for its reader: the producer's position and buffer.
+    pub pending: Option<(u32, &'s mut [T])>,
+}
+
+impl<'s, T> InPlace<'s, T> {
+    /// Whether the output of the node at `pos`, the next one recorded, is held back.
+    #[inline]
+    pub(crate) fn listed(&self, pos: u32) -> bool {
+        self.pending.is_none() && (self.speculate || (!self.stopped && self.at.get(self.taken) == Some(&pos)))
+    }
+
+    /// Takes the held-back buffer if it is the output of node `pos`.
+    pub(crate) fn take(&mut self, pos: u32) -> Option<&'s mut [T]> {
+        match self.pending.take() {
+            Some((p, buf)) if p == pos => {
+                if self.speculate {
+                    self.at.push(pos);
+                }
+                self.taken += 1;
+                Some(buf)
+            }
+            other => {
+                self.pending = other;
+                None
+            }
+        }
+    }
+
+    /// Gives a held-back buffer back: its producer's position and the buffer. In listed
+    /// mode, in-place work ends for the block.
+    pub(crate) fn give_back(&mut self) -> Option<(u32, &'s mut [T])> {
+        let pending = self.pending.take();
+        self.stopped |= pending.is_some() && !self.speculate;
+        pending
+    }
+
+    /// Whether node `pos`'s value was overwritten in place by its reader.
+    pub(crate) fn overwritten(&self, pos: u32) -> bool {
+        self.at[..self.taken].binary_search(&pos).is_ok()
+    }
+
+    /// The positions overwritten so far.
+    pub(crate) fn taken(&self) -> &[u32] {
+        &self.at[..self.taken]
+    }
+
+    /// Node `pos`'s value, overwritten in speculative mode, was computed again.
+    pub(crate) fn restored(&mut self, pos: u32) {
+        if let Ok(i) = self.at[..self.taken].binary_search(&pos) {
+            self.at.remove(i);
+            self.taken -= 1;
+        }
+    }
 }
 
 /// The tape's vectors between scopes, with their capacity.
@@ -104,6 +189,7 @@ pub(crate) struct Spare<T: 'static> {
     slots: Vec<Slot<'static>>,
     shared_grads: Vec<(usize, &'static mut [T])>,
     spare_grads: Vec<&'static mut [T]>,
+    in_place: Vec<u32>,
 }
 
 /// One node's entry in the side table of a recorded gradient (see `graph/grad.rs`).
@@ -150,6 +236,14 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             shared_grads: recycle(std::mem::take(&mut spare.shared_grads)),
             spare_grads: recycle(std::mem::take(&mut spare.spare_grads)),
             released_bytes: 0,
+            values_read: std::cell::Cell::new(false),
+            in_place: InPlace {
+                at: std::mem::take(&mut spare.in_place),
+                taken: 0,
+                speculate: false,
+                stopped: false,
+                pending: None,
+            },
         }
     }
 
@@ -165,6 +259,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.slots = Vec::new();
         spare.shared_grads = Vec::new();
         spare.spare_grads = Vec::new();
+        spare.in_place = Vec::new();
     }
 
     /// Moves the vectors (emptied, with their capacity) back to `spare`.
@@ -183,6 +278,9 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.checkpoints = recycle(std::mem::take(&mut self.checkpoints));
         spare.locs = std::mem::take(&mut self.locs);
         spare.locs.clear();
+        spare.in_place = std::mem::take(&mut self.in_place.at);
+        spare.in_place.clear();
+        self.in_place.pending = None;
     }
 
     /// The ids of every node, in tape order. With [`push`](Tape::push) and

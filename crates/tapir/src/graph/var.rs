@@ -7,6 +7,7 @@ use crate::graph::core::Core;
 use crate::graph::tape::NodeView;
 use crate::graph::NodeId;
 use crate::ops::Op;
+use crate::record::Rec;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::Float;
@@ -36,12 +37,26 @@ impl<'s, T: Float> Var<'s, T> {
         self.id
     }
 
+    /// Reads this handle's node for the caller, who may keep its value: see
+    /// [`settle`](Var::settle).
+    #[track_caller]
     fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {
-        let tape = self.core.tape.borrow();
-        if let Some(e) = &tape.error {
-            return Err(e.clone());
+        let unsettled = {
+            let tape = self.core.tape.borrow();
+            if let Some(e) = &tape.error {
+                return Err(e.clone());
+            }
+            tape.values_read.set(true);
+            matches!(tape.in_place.pending, Some((pos, _)) if pos == self.id.raw())
+                || tape.in_place.overwritten(self.id.raw())
+        };
+        if unsettled {
+            let location = Location::caller();
+            let mut tape = self.core.tape.borrow_mut();
+            let mut r = Rec { tape: &mut tape, arena: self.core.arena, op: "value", location };
+            settle(&mut r, self.id, self.core.par)?;
         }
-        Ok(f(&tape.node(self.id)))
+        Ok(f(&self.core.tape.borrow().node(self.id)))
     }
 
     /// This handle's node, whether or not the scope has failed since (`None` for a
@@ -66,6 +81,7 @@ impl<'s, T: Float> Var<'s, T> {
     ///
     /// # Errors
     /// The scope's first error, if any op failed.
+    #[track_caller]
     pub fn value(self) -> Result<&'s [T]> {
         self.with_node(|n| n.value)
     }
@@ -88,6 +104,7 @@ impl<'s, T: Float> Var<'s, T> {
     ///
     /// # Errors
     /// The scope's first error, if any op failed.
+    #[track_caller]
     pub fn to_tensor(self) -> Result<Tensor<T>> {
         let (shape, value) = self.with_node(|n| (n.shape, n.value))?;
         Ok(Tensor::from_parts(value.to_vec(), shape))
@@ -114,6 +131,7 @@ impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     pub fn detach(self) -> Var<'s, T> {
         self.core.record_as("detach", |r| {
+            settle(r, self.id, self.core.par)?;
             let n = r.node(self.id);
             Ok((Op::Leaf, n.shape, n.value))
         })
@@ -124,8 +142,37 @@ impl<'s, T: Float> Var<'s, T> {
     #[track_caller]
     pub fn with_grad(self) -> Var<'s, T> {
         self.core.record_as("with_grad", |r| {
+            settle(r, self.id, self.core.par)?;
             let n = r.node(self.id);
             Ok((Op::Variable, n.shape, n.value))
         })
     }
+}
+
+/// Before the caller reads or shares node `id`'s value: marks the tape's values as read
+/// (a checkpointed block that reads values is recomputed without in-place ops), gives a
+/// buffer held back for an in-place op to its producer `id`, and restores `id`'s value if
+/// an in-place op overwrote it: in a checkpointed block's forward by computing it again,
+/// in its recomputation as an error (the block read a value it did not read in its forward).
+fn settle<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: crate::graph::NodeId<'s>, par: faer::Par) -> Result<()> {
+    r.tape.values_read.set(true);
+    if matches!(r.tape.in_place.pending, Some((pos, _)) if pos == id.raw()) {
+        crate::graph::core::take_held(r.tape, None);
+    }
+    if !r.tape.in_place.overwritten(id.raw()) {
+        return Ok(());
+    }
+    if r.tape.in_place.speculate {
+        return crate::ops::matmul::relinear(r, id, par);
+    }
+    let shape = r.shape(id);
+    Err(Error::InvalidArgument {
+        op: "value",
+        detail: format!(
+            "this value ({shape}) was overwritten in place while its checkpointed block was recomputed, \
+             because the block's forward read no values; a checkpointed block must read the same values \
+             when recomputed"
+        ),
+        location: r.location,
+    })
 }

@@ -239,6 +239,20 @@ pub(crate) fn map<T: Float>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
     );
 }
 
+/// `x[i] = f(x[i])` in place, vectorised as [`map`].
+#[inline(always)]
+pub(crate) fn map_in_place<T: Float>(x: &mut [T], f: impl Fn(T) -> T) {
+    simd::run(
+        x.len(),
+        #[inline(always)]
+        || {
+            for v in x.iter_mut() {
+                *v = f(*v);
+            }
+        },
+    );
+}
+
 /// `dx[i] += dout[i] · d(x[i], y[i])` for an elementwise `y = f(x)`. Not under SIMD
 /// dispatch: the dispatch check alone cost shape-`[1]` backward 5–9% more instructions
 /// (W3, callgrind); the loop still vectorises for the baseline (SSE2), and the

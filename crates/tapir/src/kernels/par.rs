@@ -99,6 +99,22 @@ fn map_chunks<T: Float>(par: Par, x: &[T], out: &mut [T], f: impl Fn(T) -> T + S
     });
 }
 
+/// `x[i] = f(x[i])` in place (see [`super::map_in_place`]).
+#[inline(never)]
+pub(crate) fn map_in_place<T: Float>(par: Par, x: &mut [T], f: impl Fn(T) -> T + Sync) {
+    if x.len() < MIN_PARALLEL {
+        super::map_in_place(x, f);
+    } else {
+        for_chunks(threads(par), x, CHUNK, &|_, o: &mut [T]| {
+            super::map_in_place(
+                o,
+                #[inline(always)]
+                |v| f(v),
+            )
+        });
+    }
+}
+
 /// `dx[i] += dout[i] · d(x[i], y[i])` (see [`super::map_grad`]).
 #[inline]
 pub(crate) fn map_grad<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T + Sync) {

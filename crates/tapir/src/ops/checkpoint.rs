@@ -129,6 +129,9 @@ pub(crate) struct CheckpointEntry<'s, T> {
     /// The scope's draw count when the block began (see [`Scope::next_draw`]), replayed by
     /// the recomputation.
     draws: u64,
+    /// Where the tape's payload list holds the positions of the block's nodes that the
+    /// recomputation overwrites in place, and how many (see [`in_place`]).
+    in_place: (u32, u32),
     location: Loc,
 }
 
@@ -286,49 +289,72 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             let tape = self.core.tape.borrow();
             (tape.step, tape.draws)
         };
-        let recorded = nested(nest, leaves.iter().copied(), |inner, vars| {
-            replay(inner, step, draws);
-            let y = block.forward(inner, vars, part);
-            let tape = inner.core.tape.borrow();
-            self.core.tape.borrow_mut().draws = tape.draws;
-            if let Some(e) = &tape.error {
-                return Err(e.clone());
-            }
-            let node = tape.node(y.id);
-            // The block's parameters become parameter nodes of the outer tape, in order.
-            let mut params = Vec::new().into_iter().collect_small();
-            for n in tape.nodes.iter().map(|n| tape.view(n)) {
-                if let Op::Param(at) = n.op {
-                    let payload = [tape.extra[at as usize], tape.extra[at as usize + 1], tape.extra[at as usize + 2]];
-                    let p = replayed_param(&self.core, payload, None, location).unwrap_or_else(|| {
-                        self.core.record_at(OpKind::Param.name(), location, |r| {
-                            Ok((Op::Param(r.extra(payload)?), n.shape, &[]))
-                        })
-                    });
-                    params.push(p.id);
+        // The forward runs with speculative in-place ops (see [`in_place_positions`]), and
+        // again without them if an overwritten value turns out to have had another reader.
+        let attempt = |speculate: bool| {
+            nested(nest, leaves.iter().copied(), |inner, vars| {
+                replay(inner, step, draws);
+                inner.core.tape.borrow_mut().in_place.speculate = speculate;
+                let y = block.forward(inner, vars, part);
+                crate::graph::core::take_held(&mut inner.core.tape.borrow_mut(), None);
+                let tape = inner.core.tape.borrow();
+                if !speculated_safely(&tape, y.id) {
+                    return None;
                 }
-            }
-            let out = self.core.record_at(OpKind::Checkpoint.name(), location, |r| {
-                let value = r.alloc_iter(node.value.iter().copied())?;
-                let first = r.store_ids(inputs.iter().map(|x| x.id))?;
-                // Each call appends right after the previous one, so the list stays contiguous.
-                for &p in params.iter() {
-                    r.store_ids([p])?;
+                self.core.tape.borrow_mut().draws = tape.draws;
+                if let Some(e) = &tape.error {
+                    return Some(Err(e.clone()));
                 }
-                let table = u32::try_from(r.tape.checkpoints.len()).map_err(|_| Error::TapeFull {
-                    op: r.op,
-                    len: r.tape.checkpoints.len(),
-                    location,
-                })?;
-                r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, location });
-                // Same index: the recorded derivative finds the block for `'g` there.
-                self.blocks.borrow_mut().push(block_g);
-                let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
-                Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
-            });
-            Ok(out)
-        });
-        recorded.unwrap_or_else(|e| self.core.fail(e))
+                let node = tape.node(y.id);
+                // The block's parameters become parameter nodes of the outer tape, in order.
+                let mut params = Vec::new().into_iter().collect_small();
+                for n in tape.nodes.iter().map(|n| tape.view(n)) {
+                    if let Op::Param(at) = n.op {
+                        let payload =
+                            [tape.extra[at as usize], tape.extra[at as usize + 1], tape.extra[at as usize + 2]];
+                        let p = replayed_param(&self.core, payload, None, location).unwrap_or_else(|| {
+                            self.core.record_at(OpKind::Param.name(), location, |r| {
+                                Ok((Op::Param(r.extra(payload)?), n.shape, &[]))
+                            })
+                        });
+                        params.push(p.id);
+                    }
+                }
+                let out = self.core.record_at(OpKind::Checkpoint.name(), location, |r| {
+                    let value = r.alloc_iter(node.value.iter().copied())?;
+                    // Each call appends right after the previous one, so the list stays contiguous.
+                    let mut in_place = (r.tape.extra.len() as u32, 0);
+                    if !nest.anomaly && !tape.values_read.get() {
+                        for pos in in_place_positions(&tape, y.id) {
+                            r.extra([pos])?;
+                            in_place.1 += 1;
+                        }
+                    }
+                    let first = r.store_ids(inputs.iter().map(|x| x.id))?;
+                    // Each call appends right after the previous one, so the list stays contiguous.
+                    for &p in params.iter() {
+                        r.store_ids([p])?;
+                    }
+                    let table = u32::try_from(r.tape.checkpoints.len()).map_err(|_| Error::TapeFull {
+                        op: r.op,
+                        len: r.tape.checkpoints.len(),
+                        location,
+                    })?;
+                    r.tape.checkpoints.push(CheckpointEntry { block, part, inputs: count, draws, in_place, location });
+                    // Same index: the recorded derivative finds the block for `'g` there.
+                    self.blocks.borrow_mut().push(block_g);
+                    let n = u32::try_from(params.len).expect("fewer parameter nodes than tape nodes");
+                    Ok((Op::Checkpoint { table, first, count: count + n }, node.shape, value))
+                });
+                Some(Ok(out))
+            })
+        };
+        let recorded = attempt(!nest.anomaly).or_else(|| attempt(false));
+        match recorded {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => self.core.fail(e),
+            None => unreachable!("a forward without in-place ops is never run again"),
+        }
     }
 }
 
@@ -373,6 +399,44 @@ impl<V: Copy> Small<V> {
     }
 }
 
+/// In place: the positions of the block's nodes (on its nested tape) whose value the
+/// recomputation lets the next node overwrite. A `linear` output qualifies if the next
+/// node is an elementwise op whose backward reads only its output (`relu`, `tanh`, ...;
+/// [`UnaryFn::reads_only_output`](crate::UnaryFn)), no other node reads it, and it is not
+/// the block's output. The block's forward must also have read no values (the caller
+/// checks), since a value the block reads could be one of them. Its backward never reads
+/// a `linear` output, so the recomputed block keeps one buffer where it had two.
+/// Whether a forward with speculative in-place ops computed what it would have without
+/// them: no value it overwrote is the block's output or was read by a later node (a
+/// caller's reads recompute the value; see `Var::settle`). A block that failed after
+/// overwriting a value runs again too, since the failure may come from a value read
+/// wrongly.
+fn speculated_safely<T: Float>(tape: &crate::graph::tape::Tape<'_, T>, out: NodeId<'_>) -> bool {
+    let taken = tape.in_place.taken();
+    taken.is_empty() || (tape.error.is_none() && taken.iter().all(|&k| k != out.raw() && sole_reader(tape, k)))
+}
+
+/// Whether no node after `k + 1` reads node `k`.
+fn sole_reader<T: Float>(tape: &crate::graph::tape::Tape<'_, T>, k: u32) -> bool {
+    (k + 2..tape.nodes.len() as u32).all(|j| {
+        let mut reads = false;
+        tape.for_each_input(&tape.nodes[j as usize].op, |i| reads |= i.raw() == k);
+        !reads
+    })
+}
+
+fn in_place_positions<'t, 'c, T: Float>(
+    tape: &'t crate::graph::tape::Tape<'c, T>,
+    out: NodeId<'c>,
+) -> impl Iterator<Item = u32> + use<'t, 'c, T> {
+    let producer = move |k: u32| {
+        let next = tape.nodes.get(k as usize + 1)?;
+        let reader = matches!(next.op, Op::Unary { f, x, .. } if x.raw() == k && f.reads_only_output());
+        (reader && k != out.raw() && matches!(tape.nodes[k as usize].op, Op::Linear { .. })).then_some(k)
+    };
+    (0..tape.nodes.len() as u32).filter_map(producer).filter(move |&k| sole_reader(tape, k))
+}
+
 /// Recomputes the block from its inputs on a nested scope, runs backward over it seeded
 /// with `∂L/∂out`, and adds the nested leaves' and parameters' gradients into those of
 /// the checkpoint's inputs.
@@ -394,7 +458,10 @@ pub(crate) fn backward<'s, T: Float>(
     });
     let result = nested(nest, leaves, |inner, vars| {
         replay(inner, tape.step, entry.draws);
+        let (at, n) = entry.in_place;
+        inner.core.tape.borrow_mut().in_place.at.extend_from_slice(&tape.extra[at as usize..(at + n) as usize]);
         let y = entry.block.forward(inner, vars, entry.part);
+        crate::graph::core::take_held(&mut inner.core.tape.borrow_mut(), None);
         let mut itape = inner.core.tape.borrow_mut();
         if let Some(e) = &itape.error {
             return Err(e.clone());

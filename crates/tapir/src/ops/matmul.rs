@@ -24,8 +24,9 @@ use crate::graph::{NodeId, Var};
 use crate::kernels;
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
 use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx};
+use crate::record::{BackwardCtx, GradCtx, Rec};
 use crate::Float;
+use faer::Par;
 
 impl<'s, T: Float> Var<'s, T> {
     /// Matrix product (batched, with broadcast batch dimensions).
@@ -81,18 +82,37 @@ impl<'s, T: Float> Var<'s, T> {
             dims[r_x - 1] = n;
             let so = r.shape_of(sx, &dims[..r_x])?;
             let out = r.alloc(so.numel())?;
-            // Empty outputs skip both passes (a leading dimension may be huge beside a 0).
-            if !out.is_empty() {
-                let bias = r.value(b.id);
-                out.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(bias));
-                if k > 0 {
-                    let m = so.numel() / n;
-                    T::gemm(out, r.value(self.id), false, r.value(w.id), false, (m, k, n), true, par);
-                }
-            }
-            Ok((Op::Linear { x: self.id, w: w.id, b: b.id }, so, &*out))
+            linear_into(out, r.value(self.id), r.value(w.id), r.value(b.id), (k, n), par);
+            Ok((Op::Linear { x: self.id, w: w.id, b: b.id }, so, r.hold_for_reader(out)))
         })
     }
+}
+
+/// `out = x·w + b` for `w: [k, n]`, `out` of `m·n` elements.
+fn linear_into<T: Float>(out: &mut [T], x: &[T], w: &[T], b: &[T], (k, n): (usize, usize), par: Par) {
+    // Empty outputs skip both passes (a leading dimension may be huge beside a 0).
+    if !out.is_empty() {
+        out.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
+        if k > 0 {
+            let m = out.len() / n;
+            T::gemm(out, x, false, w, false, (m, k, n), true, par);
+        }
+    }
+}
+
+/// Computes the value of `linear` node `id` again from its inputs into a fresh buffer
+/// and makes it the node's value: for a read of a value that a checkpointed block's
+/// forward overwrote in place (see [`InPlace`](crate::graph::tape::InPlace)).
+pub(crate) fn relinear<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par: Par) -> Result<()> {
+    let Op::Linear { x, w, b } = r.node(id).op else {
+        unreachable!("only linear outputs are overwritten in place");
+    };
+    let (k, n) = (r.shape(w).dim(0), r.shape(w).dim(1));
+    let out = r.alloc(r.shape(id).numel())?;
+    linear_into(out, r.value(x), r.value(w), r.value(b), (k, n), par);
+    r.tape.nodes[id.index()].value = out;
+    r.tape.in_place.restored(id.raw());
+    Ok(())
 }
 
 pub(crate) fn backward<'s, T: Float>(

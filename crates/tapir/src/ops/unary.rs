@@ -207,6 +207,17 @@ unary_fns! {
         d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
 }
 
+impl UnaryFn {
+    /// Whether backward reads only the output (or nothing): then the op may overwrite its
+    /// input in place, where nothing else reads the input (a checkpoint's recomputation
+    /// knows; see `ops/checkpoint.rs`). The test `in_place_derivatives_ignore_the_input`
+    /// checks this list against the derivative table.
+    pub(crate) const fn reads_only_output(self) -> bool {
+        use UnaryFn::*;
+        matches!(self, Neg | AddScalar | MulScalar | Exp | Expm1 | Sqrt | Rsqrt | Recip | Tanh | Sigmoid | Relu)
+    }
+}
+
 /// Recording: the output filled from the input in one pass, straight into the arena; a
 /// large input is split over the graph's threads (see [`par`]).
 struct Record<'r, 'a, 's, T> {
@@ -249,6 +260,24 @@ fn record_long<'s, T: Float>(r: &Rec<'_, 's, T>, x: &[T], f: impl Fn(T) -> T) ->
     let out = r.alloc(x.len())?;
     kernels::map(x, out, f);
     Ok(out)
+}
+
+/// Recording over the input's own buffer, which a checkpoint's recomputation handed over
+/// (see [`Core::record_reading`](crate::graph::core::Core::record_reading)).
+struct InPlaceMap<'s, T> {
+    buf: &'s mut [T],
+    par: Par,
+}
+
+impl<'s, T: Float> ElementMap<T> for InPlaceMap<'s, T> {
+    type Out = &'s mut [T];
+    fn map(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
+        par::map_in_place(self.par, self.buf, f);
+        self.buf
+    }
+    fn map_long(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
+        self.map(f)
+    }
 }
 
 /// The split recording of a large input, out of line so that the small case stays tight.
@@ -303,6 +332,20 @@ impl<'s, T: Float> Var<'s, T> {
     #[inline(always)]
     fn unary<const F: u8>(self, c: [T; 2]) -> Var<'s, T> {
         let f = const { UnaryFn::from_code(F) };
+        if const { UnaryFn::from_code(F).reads_only_output() } {
+            let location = std::panic::Location::caller();
+            return self.core.record_reading(OpKind::Unary(f).name(), location, Some(self.id), |r, held| {
+                let n = r.node(self.id);
+                let out = match held {
+                    Some(buf) => {
+                        let buf = f.forward(c, InPlaceMap { buf, par: self.core.par });
+                        r.overwrite(self.id, buf)
+                    }
+                    None => f.forward(c, Record { r, x: n.value, par: self.core.par })?,
+                };
+                Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
+            });
+        }
         self.core.record(OpKind::Unary(f), |r| {
             let n = r.node(self.id);
             let out = f.forward(c, Record { r, x: n.value, par: self.core.par })?;
@@ -590,4 +633,58 @@ pub(crate) fn grad<'s, T: Float>(
     };
     ctx.add(x, dx);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Evaluates a derivative at `(x, y)` pairs.
+    struct Probe<'a>(&'a [(f64, f64)]);
+
+    impl GradMap<f64> for Probe<'_> {
+        type Out = Vec<f64>;
+        fn map(self, d: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+            self.0.iter().map(|&(x, y)| d(x, y)).collect()
+        }
+        fn scale(self, c: f64) -> Vec<f64> {
+            vec![c; self.0.len()]
+        }
+        fn map_long(self, d: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+            self.map(d)
+        }
+    }
+
+    /// What an in-place op's backward sees as its input is its output: the derivative of
+    /// every function listed by `reads_only_output` must not change when `x` does.
+    #[test]
+    fn in_place_derivatives_ignore_the_input() {
+        let c = [0.7, 1.3];
+        let xs = [-2.5, -0.3, 0.0, 0.4, 1.7, 3.0];
+        for &f in UnaryFn::ALL {
+            let y = |x: f64| f.forward(c, ScalarMap(x));
+            let true_x: Vec<_> = xs.iter().map(|&x| (x, y(x))).collect();
+            let other_x: Vec<_> = xs.iter().map(|&x| (x * 1.9 + 0.37, y(x))).collect();
+            let (a, b) = (f.derivative(c, Probe(&true_x)), f.derivative(c, Probe(&other_x)));
+            let same = a.iter().zip(&b).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+            if f.reads_only_output() {
+                assert!(same, "{}: the derivative reads x", f.name());
+            } else {
+                assert!(!same, "{}: the derivative reads only y, so it could be listed", f.name());
+            }
+        }
+    }
+
+    /// `f(x)` for one scalar.
+    struct ScalarMap(f64);
+
+    impl ElementMap<f64> for ScalarMap {
+        type Out = f64;
+        fn map(self, f: impl Fn(f64) -> f64 + Sync) -> f64 {
+            f(self.0)
+        }
+        fn map_long(self, f: impl Fn(f64) -> f64 + Sync) -> f64 {
+            f(self.0)
+        }
+    }
 }

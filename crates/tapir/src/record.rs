@@ -68,6 +68,7 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         match u32::try_from(pos) {
             Ok(pos) if self.tape.in_place.listed(pos) => {
                 self.tape.in_place.pending = Some((pos, out));
+                self.tape.slow = true;
                 &[]
             }
             _ => out,

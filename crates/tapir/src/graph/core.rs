@@ -117,10 +117,15 @@ impl<'s, T: Float> Core<'s, T> {
         f: impl FnOnce(&mut Rec<'_, 's, T>, Option<&'s mut [T]>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
     ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
-        if tape.error.is_some() {
-            return self.poison();
-        }
-        let held = if tape.in_place.pending.is_some() { take_held(&mut tape, x) } else { None };
+        // One test on the hot path for both rare cases.
+        let held = if tape.slow {
+            if tape.error.is_some() {
+                return self.poison();
+            }
+            take_held(&mut tape, x)
+        } else {
+            None
+        };
         let op = self.op_name(op);
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
         let pushed = result.and_then(|(kind, shape, value)| {
@@ -142,6 +147,7 @@ impl<'s, T: Float> Core<'s, T> {
             Ok(id) => Var { core: self, id },
             Err(e) => {
                 tape.error = Some(e);
+                tape.slow = true;
                 self.poison()
             }
         }
@@ -165,6 +171,7 @@ impl<'s, T: Float> Core<'s, T> {
         let stored = Rec { tape: &mut tape, arena: self.arena, op, location }.store_ids([id]);
         if let Err(e) = stored {
             tape.error = Some(e);
+            tape.slow = true;
         }
     }
 
@@ -173,6 +180,7 @@ impl<'s, T: Float> Core<'s, T> {
         let mut tape = self.tape.borrow_mut();
         if tape.error.is_none() {
             tape.error = Some(e);
+            tape.slow = true;
         }
         self.poison()
     }
@@ -189,11 +197,12 @@ impl<'s, T: Float> Core<'s, T> {
 #[cold]
 #[inline(never)]
 pub(crate) fn take_held<'s, T>(tape: &mut Tape<'s, T>, x: Option<NodeId<'s>>) -> Option<&'s mut [T]> {
-    if let Some(buf) = x.and_then(|x| tape.in_place.take(x.raw())) {
-        return Some(buf);
+    let taken = x.and_then(|x| tape.in_place.take(x.raw()));
+    if taken.is_none() {
+        if let Some((pos, buf)) = tape.in_place.give_back() {
+            tape.nodes[pos as usize].value = buf;
+        }
     }
-    if let Some((pos, buf)) = tape.in_place.give_back() {
-        tape.nodes[pos as usize].value = buf;
-    }
-    None
+    tape.slow = tape.error.is_some();
+    taken
 }

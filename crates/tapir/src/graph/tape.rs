@@ -91,8 +91,11 @@ pub(crate) struct Tape<'s, T> {
     /// Set when the caller reads or aliases a value (`Var::value`, `detach`, ...): a
     /// checkpointed block that does so is recomputed without in-place ops.
     pub values_read: std::cell::Cell<bool>,
-    /// In-place ops of a checkpoint's recomputation (see [`InPlace`]).
+    /// In-place ops of a checkpointed block (see [`InPlace`]).
     pub in_place: InPlace<'s, T>,
+    /// Set while the scope has an error or `in_place` holds a buffer back: recording
+    /// tests this one flag and takes its slow path (`Core::record_reading`).
+    pub slow: bool,
 }
 
 /// In-place ops of a checkpointed block: a producer (a `linear`) keeps its output buffer
@@ -244,6 +247,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
                 stopped: false,
                 pending: None,
             },
+            slow: false,
         }
     }
 

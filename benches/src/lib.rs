@@ -24,6 +24,7 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, Par};
 use rand::SeedableRng;
 use tapir::{GradBuffer, Graph, ParamId, ParamStore, Tensor, Var};
+use tapir_nn::optim::{Optimizer, Sgd};
 
 mod w10;
 mod w8;
@@ -125,6 +126,7 @@ pub struct Mlp {
     store: ParamStore<f32>,
     layers: Vec<(ParamId, ParamId)>,
     grads: GradBuffer<f32>,
+    sgd: Sgd<f32>,
     x: Tensor<f32>,
     labels: Vec<usize>,
 }
@@ -145,7 +147,8 @@ impl Mlp {
         let x = Tensor::normal(&[MLP_BATCH, MLP_DIMS[0]], 0.0, 1.0, &mut r).expect("a valid shape");
         let labels = (0..MLP_BATCH).map(|i| i % MLP_DIMS[3]).collect();
         let grads = store.zeros_like().unwrap();
-        Mlp { store, layers, grads, x, labels }
+        let sgd = Sgd::new(&store, MLP_LR.into()).expect("a valid learning rate");
+        Mlp { store, layers, grads, sgd, x, labels }
     }
 
     /// One step: forward, cross-entropy, backward into the gradient buffer, SGD in place.
@@ -165,12 +168,7 @@ impl Mlp {
             s.backward_into(loss, grads).expect("W2 records no error");
             loss.item().expect("a scalar")
         });
-        for (id, p) in self.store.iter_mut() {
-            let d = self.grads.get(id).expect("one slot per parameter").data();
-            for (p, d) in p.data_mut().iter_mut().zip(d) {
-                *p -= MLP_LR * d;
-            }
-        }
+        self.sgd.step(&mut self.store, &self.grads).expect("the store the optimizer was made for");
         loss
     }
 }

@@ -5,6 +5,7 @@
 //! [`W8_EVERY`] hidden layers form one [`Scope::checkpoint`](tapir::Scope::checkpoint).
 
 use tapir::{Checkpoint, GradBuffer, Graph, ParamId, ParamStore, Scope, Tensor, Var};
+use tapir_nn::optim::{Optimizer, Sgd};
 
 /// Width of the input, of every hidden layer and of the output (classes).
 pub const W8_WIDTH: usize = 256;
@@ -23,6 +24,7 @@ pub struct DeepMlp {
     /// `W8_HIDDEN` hidden layers, then the output layer.
     layers: Vec<(ParamId, ParamId)>,
     grads: GradBuffer<f32>,
+    sgd: Sgd<f32>,
     x: Tensor<f32>,
     labels: Vec<usize>,
     checkpoint: bool,
@@ -72,7 +74,8 @@ impl DeepMlp {
         let x = Tensor::normal(&[W8_BATCH, W8_WIDTH], 0.0, 1.0, &mut r).expect("a valid shape");
         let labels = (0..W8_BATCH).map(|i| i % W8_WIDTH).collect();
         let grads = store.zeros_like().expect("room for the gradients");
-        DeepMlp { store, layers, grads, x, labels, checkpoint }
+        let sgd = Sgd::new(&store, W8_LR.into()).expect("a valid learning rate");
+        DeepMlp { store, layers, grads, sgd, x, labels, checkpoint }
     }
 
     /// One step: forward, cross-entropy, backward into the gradient buffer, SGD in place.
@@ -97,12 +100,7 @@ impl DeepMlp {
             s.backward_into(loss, grads).expect("W8 records no error");
             loss.item().expect("a scalar")
         });
-        for (id, p) in self.store.iter_mut() {
-            let d = self.grads.get(id).expect("one slot per parameter").data();
-            for (p, d) in p.data_mut().iter_mut().zip(d) {
-                *p -= W8_LR * d;
-            }
-        }
+        self.sgd.step(&mut self.store, &self.grads).expect("the store the optimizer was made for");
         loss
     }
 }

@@ -54,7 +54,7 @@ pub use params::{Grad, GradBuffer, GradMut, ParamId, ParamStore};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
 pub use tensor::Tensor;
-pub use threads::{init_threads, MAX_THREADS};
+pub use threads::{init_threads, pool_threads, MAX_THREADS};
 
 /// The README's examples, compiled and run as doctests so that they cannot drift.
 #[cfg(doctest)]

@@ -331,9 +331,12 @@ impl<T> GradMut<'_, T> {
 }
 
 impl<T: Float> GradBuffer<T> {
-    /// Sets every gradient to zero (PyTorch's `optimizer.zero_grad()`): one fill.
+    /// Sets every gradient to zero (PyTorch's `optimizer.zero_grad()`): one fill, split
+    /// over [`pool_threads`](crate::pool_threads) threads when it is large.
     pub fn zero(&mut self) {
-        self.data.fill(T::ZERO);
+        let threads = crate::threads::pool_threads();
+        let par = if threads > 1 { faer::Par::rayon(threads) } else { faer::Par::Seq };
+        crate::kernels::par::fill(par, &mut self.data, T::ZERO);
         self.zeroed = true;
     }
 

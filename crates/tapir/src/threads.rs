@@ -7,10 +7,23 @@
 //! the API, to [`MAX_THREADS`].
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use faer::Par;
 
 use crate::error::{Error, Result};
+
+/// The size of the pool [`init_threads`] built (1 until it has).
+static POOL: AtomicUsize = AtomicUsize::new(1);
+
+/// The number of threads [`init_threads`] gave rayon's global pool, or 1 if it has not
+/// been called (or was called with 1). Work outside a graph that splits over the pool
+/// ([`GradBuffer::zero`](crate::GradBuffer::zero), `tapir_nn`'s optimizers) uses this
+/// many threads, so that a program that never called `init_threads` stays on its one
+/// thread. Such work is elementwise, so its results do not depend on the count.
+pub fn pool_threads() -> usize {
+    POOL.load(Ordering::Relaxed)
+}
 
 /// The most threads a matrix product is split over; larger requests are clamped to it.
 /// Far more than any machine's cores, far below what makes faer's task splitting slow.
@@ -70,6 +83,7 @@ pub fn init_threads(threads: usize) -> Result<usize> {
             location,
         }
     })?;
+    POOL.store(n, Ordering::Relaxed);
     Ok(n)
 }
 

@@ -11,7 +11,11 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_finite_grads, check_hyper, check_lr, check_shapes, zeros_like, Optimizer, Stateful};
+use rayon::prelude::*;
+
+use crate::optim::{
+    check_finite_grads, check_hyper, check_lr, check_shapes, split, zeros_like, Optimizer, Stateful, CHUNK,
+};
 
 /// Adam, with optional L2 weight decay; defaults `β = (0.9, 0.999)`, `ε = 1e-8`, `λ = 0`.
 #[derive(Debug, Clone)]
@@ -127,9 +131,10 @@ impl<T: Float> Adam<T> {
         let (one_b1, one_b2) = (T::ONE - b1, T::ONE - b2);
         let wd = T::from_f64(self.weight_decay);
         let shrink = T::ONE - T::from_f64(self.lr * self.weight_decay);
-        for ((((_, p), m), v), (_, g)) in store.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grads.iter()) {
-            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g.data()).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let g = if self.decoupled {
+        let decoupled = self.decoupled;
+        let update = |p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]| {
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                let g = if decoupled {
                     *p *= shrink;
                     g
                 } else {
@@ -138,6 +143,18 @@ impl<T: Float> Adam<T> {
                 *m = b1 * *m + one_b1 * g;
                 *v = b2 * *v + one_b2 * g * g;
                 *p -= step * *m / (v.sqrt() + eps);
+            }
+        };
+        for ((((_, p), m), v), (_, g)) in store.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grads.iter()) {
+            let (p, g) = (p.data_mut(), g.data());
+            if split(p.len()) {
+                p.par_chunks_mut(CHUNK)
+                    .zip(g.par_chunks(CHUNK))
+                    .zip(m.par_chunks_mut(CHUNK))
+                    .zip(v.par_chunks_mut(CHUNK))
+                    .for_each(|(((p, g), m), v)| update(p, g, m, v));
+            } else {
+                update(p, g, m, v);
             }
         }
         Ok(())

@@ -16,6 +16,17 @@ pub use state::Stateful;
 
 use tapir::{Float, GradBuffer, ParamStore};
 
+/// Elements per piece of a parameter whose update splits over threads.
+pub(crate) const CHUNK: usize = 1 << 13;
+
+/// Whether the update of a parameter of `len` elements splits over the threads of
+/// rayon's pool: when [`tapir::init_threads`] built one (see [`tapir::pool_threads`]) and
+/// the parameter has at least 32,768 elements. Every update is elementwise, so the result
+/// is the same, bit for bit, whatever the split.
+pub(crate) fn split(len: usize) -> bool {
+    len >= 1 << 15 && tapir::pool_threads() > 1
+}
+
 /// Updates parameters from their gradients.
 pub trait Optimizer<T: Float> {
     /// One update of every parameter of `store` from `grads` (which the caller zeroes

@@ -10,7 +10,11 @@
 
 use tapir::{Float, GradBuffer, ParamStore};
 
-use crate::optim::{check_finite_grads, check_hyper, check_lr, check_shapes, zeros_like, Optimizer, Stateful};
+use rayon::prelude::*;
+
+use crate::optim::{
+    check_finite_grads, check_hyper, check_lr, check_shapes, split, zeros_like, Optimizer, Stateful, CHUNK,
+};
 
 /// SGD; see the module docs for the update.
 #[derive(Debug, Clone)]
@@ -88,14 +92,26 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
             check_finite_grads("Sgd::step", store, grads)?;
         }
         let (lr, mu, wd) = (T::from_f64(self.lr), T::from_f64(self.momentum), T::from_f64(self.weight_decay));
-        for (((_, p), buf), (_, g)) in store.iter_mut().zip(&mut self.velocity).zip(grads.iter()) {
-            for ((p, &g), b) in p.data_mut().iter_mut().zip(g.data()).zip(buf.iter_mut()) {
+        let (momentum, nesterov) = (self.momentum != 0.0, self.nesterov);
+        let update = |p: &mut [T], g: &[T], buf: &mut [T]| {
+            for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
                 let mut g = g + wd * *p;
-                if self.momentum != 0.0 {
+                if momentum {
                     *b = mu * *b + g;
-                    g = if self.nesterov { g + mu * *b } else { *b };
+                    g = if nesterov { g + mu * *b } else { *b };
                 }
                 *p -= lr * g;
+            }
+        };
+        for (((_, p), buf), (_, g)) in store.iter_mut().zip(&mut self.velocity).zip(grads.iter()) {
+            let (p, g) = (p.data_mut(), g.data());
+            if split(p.len()) {
+                p.par_chunks_mut(CHUNK)
+                    .zip(g.par_chunks(CHUNK))
+                    .zip(buf.par_chunks_mut(CHUNK))
+                    .for_each(|((p, g), b)| update(p, g, b));
+            } else {
+                update(p, g, buf);
             }
         }
         Ok(())

@@ -150,6 +150,8 @@ pub(crate) fn check_shapes<T: Float>(
     if grads.len() != store.len() {
         return Err(fail(format!("the store holds {} parameters but the gradients {}", store.len(), grads.len())));
     }
+    // An optimizer without per-parameter state (plain SGD) passes an empty list.
+    let state = state.filter(|(_, s)| !s.is_empty());
     if let Some((_, state)) = state {
         if state.len() != store.len() {
             return Err(fail(format!(
@@ -201,6 +203,13 @@ pub(crate) fn check_finite_grads<T: Float>(
 /// One zeroed buffer per parameter, allocated fallibly.
 #[track_caller]
 pub(crate) fn zeros_like<T: Float>(op: &'static str, store: &ParamStore<T>) -> tapir::Result<Vec<Vec<T>>> {
+    let shapes: Vec<tapir::Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
+    zeros_of(op, &shapes)
+}
+
+/// One zeroed buffer per shape, allocated fallibly.
+#[track_caller]
+pub(crate) fn zeros_of<T: Float>(op: &'static str, shapes: &[tapir::Shape]) -> tapir::Result<Vec<Vec<T>>> {
     let location = std::panic::Location::caller();
     let oom = |shape: tapir::Shape, n: usize| tapir::Error::TensorOutOfMemory {
         op,
@@ -209,11 +218,11 @@ pub(crate) fn zeros_like<T: Float>(op: &'static str, store: &ParamStore<T>) -> t
         location,
     };
     let mut out = Vec::new();
-    out.try_reserve_exact(store.len()).map_err(|_| oom(tapir::Shape::scalar(), 0))?;
-    for (_, _, t) in store.iter() {
+    out.try_reserve_exact(shapes.len()).map_err(|_| oom(tapir::Shape::scalar(), 0))?;
+    for &shape in shapes {
         let mut v = Vec::new();
-        v.try_reserve_exact(t.numel()).map_err(|_| oom(t.shape(), t.numel()))?;
-        v.resize(t.numel(), T::ZERO);
+        v.try_reserve_exact(shape.numel()).map_err(|_| oom(shape, shape.numel()))?;
+        v.resize(shape.numel(), T::ZERO);
         out.push(v);
     }
     Ok(out)

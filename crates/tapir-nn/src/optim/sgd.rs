@@ -13,7 +13,7 @@ use tapir::{Float, GradBuffer, ParamStore};
 use rayon::prelude::*;
 
 use crate::optim::{
-    check_finite_grads, check_hyper, check_lr, check_shapes, split, zeros_like, Optimizer, Stateful, CHUNK,
+    check_finite_grads, check_hyper, check_lr, check_shapes, split, zeros_of, Optimizer, Stateful, CHUNK,
 };
 
 /// SGD; see the module docs for the update.
@@ -25,6 +25,10 @@ pub struct Sgd<T: Float> {
     weight_decay: f64,
     check_finite: bool,
     store: u64,
+    /// The parameters' shapes, for the velocity that [`momentum`](Sgd::momentum) allocates.
+    shapes: Vec<tapir::Shape>,
+    /// One buffer per parameter with momentum; none without (as PyTorch keeps no
+    /// momentum buffer then): plain SGD holds no state.
     velocity: Vec<Vec<T>>,
 }
 
@@ -44,7 +48,8 @@ impl<T: Float> Sgd<T> {
             weight_decay: 0.0,
             check_finite: false,
             store: store.id(),
-            velocity: zeros_like("Sgd::new", store)?,
+            shapes: store.iter().map(|(_, _, t)| t.shape()).collect(),
+            velocity: Vec::new(),
         })
     }
 
@@ -60,6 +65,9 @@ impl<T: Float> Sgd<T> {
             return Err(crate::invalid("Sgd::momentum", "Nesterov momentum needs a positive momentum".into()));
         }
         self.nesterov = nesterov;
+        if momentum > 0.0 && self.velocity.is_empty() {
+            self.velocity = zeros_of("Sgd::momentum", &self.shapes)?;
+        }
         Ok(self)
     }
 
@@ -92,26 +100,39 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
             check_finite_grads("Sgd::step", store, grads)?;
         }
         let (lr, mu, wd) = (T::from_f64(self.lr), T::from_f64(self.momentum), T::from_f64(self.weight_decay));
-        let (momentum, nesterov) = (self.momentum != 0.0, self.nesterov);
-        let update = |p: &mut [T], g: &[T], buf: &mut [T]| {
+        let nesterov = self.nesterov;
+        let with_momentum = |p: &mut [T], g: &[T], buf: &mut [T]| {
             for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
-                let mut g = g + wd * *p;
-                if momentum {
-                    *b = mu * *b + g;
-                    g = if nesterov { g + mu * *b } else { *b };
-                }
-                *p -= lr * g;
+                let g = g + wd * *p;
+                *b = mu * *b + g;
+                *p -= lr * if nesterov { g + mu * *b } else { *b };
             }
         };
-        for (((_, p), buf), (_, g)) in store.iter_mut().zip(&mut self.velocity).zip(grads.iter()) {
-            let (p, g) = (p.data_mut(), g.data());
-            if split(p.len()) {
-                p.par_chunks_mut(CHUNK)
-                    .zip(g.par_chunks(CHUNK))
-                    .zip(buf.par_chunks_mut(CHUNK))
-                    .for_each(|((p, g), b)| update(p, g, b));
-            } else {
-                update(p, g, buf);
+        let plain = |p: &mut [T], g: &[T]| {
+            for (p, &g) in p.iter_mut().zip(g) {
+                *p -= lr * (g + wd * *p);
+            }
+        };
+        if self.momentum != 0.0 {
+            for (((_, p), buf), (_, g)) in store.iter_mut().zip(&mut self.velocity).zip(grads.iter()) {
+                let (p, g) = (p.data_mut(), g.data());
+                if split(p.len()) {
+                    p.par_chunks_mut(CHUNK)
+                        .zip(g.par_chunks(CHUNK))
+                        .zip(buf.par_chunks_mut(CHUNK))
+                        .for_each(|((p, g), b)| with_momentum(p, g, b));
+                } else {
+                    with_momentum(p, g, buf);
+                }
+            }
+        } else {
+            for ((_, p), (_, g)) in store.iter_mut().zip(grads.iter()) {
+                let (p, g) = (p.data_mut(), g.data());
+                if split(p.len()) {
+                    p.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK)).for_each(|(p, g)| plain(p, g));
+                } else {
+                    plain(p, g);
+                }
             }
         }
         Ok(())
@@ -137,11 +158,18 @@ impl<T: Float> Stateful<T> for Sgd<T> {
 
     fn set_step_count(&mut self, _steps: u64) {}
 
+    /// `"velocity"` with momentum; nothing without.
     fn buffers(&self) -> Vec<(&'static str, &[Vec<T>])> {
+        if self.velocity.is_empty() {
+            return Vec::new();
+        }
         vec![("velocity", &self.velocity)]
     }
 
     fn buffers_mut(&mut self) -> Vec<(&'static str, &mut [Vec<T>])> {
+        if self.velocity.is_empty() {
+            return Vec::new();
+        }
         vec![("velocity", &mut self.velocity)]
     }
 }
@@ -175,6 +203,18 @@ mod tests {
             out.push(store.get(id).unwrap().data()[0]);
         }
         out
+    }
+
+    /// Plain SGD keeps no state (as PyTorch keeps no momentum buffer); momentum allocates
+    /// one buffer per parameter, shaped like it.
+    #[test]
+    fn only_momentum_holds_state() {
+        let (store, _, _) = one_param(1.0);
+        assert!(Sgd::new(&store, 0.1).unwrap().buffers().is_empty());
+        let with = Sgd::new(&store, 0.1).unwrap().momentum(0.9, false).unwrap();
+        let buffers = with.buffers();
+        assert_eq!(buffers.len(), 1);
+        assert_eq!((buffers[0].0, buffers[0].1.len(), buffers[0].1[0].len()), ("velocity", 1, 1));
     }
 
     #[test]

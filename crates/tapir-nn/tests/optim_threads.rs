@@ -20,11 +20,14 @@ static CALLS: AtomicUsize = AtomicUsize::new(0);
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter has no
 // effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System.alloc`
+    // needs unchanged.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         CALLS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.alloc(layout) }
     }
+    // SAFETY: `ptr` came from `alloc` above, i.e. from `System`, with this `layout`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.dealloc(ptr, layout) }

@@ -159,6 +159,11 @@ impl<'s, T> InPlace<'s, T> {
         pending
     }
 
+    /// Whether node `pos`'s output is held back for an in-place reader.
+    pub(crate) fn holds(&self, pos: u32) -> bool {
+        matches!(self.pending, Some((p, _)) if p == pos)
+    }
+
     /// Whether node `pos`'s value was overwritten in place by its reader.
     pub(crate) fn overwritten(&self, pos: u32) -> bool {
         self.at[..self.taken].binary_search(&pos).is_ok()

@@ -37,8 +37,7 @@ impl<'s, T: Float> Var<'s, T> {
         self.id
     }
 
-    /// Reads this handle's node for the caller, who may keep its value: see
-    /// [`settle`](Var::settle).
+    /// Reads this handle's node for the caller, who may keep its value (see `settle`).
     #[track_caller]
     fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {
         let unsettled = {
@@ -47,8 +46,7 @@ impl<'s, T: Float> Var<'s, T> {
                 return Err(e.clone());
             }
             tape.values_read.set(true);
-            matches!(tape.in_place.pending, Some((pos, _)) if pos == self.id.raw())
-                || tape.in_place.overwritten(self.id.raw())
+            tape.in_place.holds(self.id.raw()) || tape.in_place.overwritten(self.id.raw())
         };
         if unsettled {
             let location = Location::caller();
@@ -154,9 +152,9 @@ impl<'s, T: Float> Var<'s, T> {
 /// buffer held back for an in-place op to its producer `id`, and restores `id`'s value if
 /// an in-place op overwrote it: in a checkpointed block's forward by computing it again,
 /// in its recomputation as an error (the block read a value it did not read in its forward).
-fn settle<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: crate::graph::NodeId<'s>, par: faer::Par) -> Result<()> {
+fn settle<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par: faer::Par) -> Result<()> {
     r.tape.values_read.set(true);
-    if matches!(r.tape.in_place.pending, Some((pos, _)) if pos == id.raw()) {
+    if r.tape.in_place.holds(id.raw()) {
         crate::graph::core::take_held(r.tape, None);
     }
     if !r.tape.in_place.overwritten(id.raw()) {

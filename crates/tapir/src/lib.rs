@@ -29,7 +29,7 @@
 //! ```
 
 #![warn(missing_docs)]
-// One call in `storage.rs` allows it, with its `// SAFETY:` argument (docs/unsafe.md).
+// Two sites in `storage.rs` allow it, each with its `// SAFETY:` argument (docs/unsafe.md).
 #![deny(unsafe_code)]
 
 mod dtype;

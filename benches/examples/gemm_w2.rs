@@ -85,6 +85,18 @@ fn main() {
             });
             variants += &format!(" k/{kb} {t:.3}");
         }
+        // A column-major temporary, then `c (+)= tmp` row by row (what a row-major engine
+        // would have to add to hand faer its preferred destination).
+        let mut tmp = Mat::<f32>::zeros(m, n);
+        let t_col = time(&mut || matmul(tmp.as_mut(), Accum::Replace, av, bv, 1.0f32, par));
+        let t_copy = time(&mut || {
+            for (i, row) in c.chunks_exact_mut(n).enumerate() {
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x += tmp[(i, j)];
+                }
+            }
+        });
+        variants += &format!(" col-dst {t_col:.3} + add-back {t_copy:.3}");
         println!("   variants:{variants}");
         tt += tapir;
         tr += tapir_rep;

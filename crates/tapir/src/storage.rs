@@ -288,7 +288,8 @@ mod heap {
 /// below the last one, a pattern that the hardware prefetcher follows badly once the
 /// values no longer fit in cache; filled from the top down, the stores of a whole chain of
 /// values fall monotonically. On a chain of 10,000 ops on 4 KiB values (40 MB, beyond the
-/// 32 MiB L3) this measured 1.3-1.5x faster (docs/benchmarks.md, W3).
+/// 32 MiB L3) recording measured about 1.5x faster in most runs (docs/benchmarks.md,
+/// "Values filled from the top down").
 #[allow(unsafe_code)]
 fn fill_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
     const LINE: usize = 64;

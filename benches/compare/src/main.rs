@@ -2,7 +2,9 @@
 //! `import torch` and `import jax` work in the Python it finds) on PyTorch eager,
 //! `torch.compile` and `jax.jit`, one after another with alternating repetitions, as one
 //! table. The Python is `$TAPIR_COMPARE_PYTHON`, else the virtual environment that `just
-//! compare-setup` makes (`benches/compare/.venv`), else `python3`.
+//! compare-setup` makes (`benches/compare/.venv`), else `python3`; the peers' scripts are
+//! found in `$TAPIR_COMPARE_DIR`, else in `benches/compare` as built (`scaling.sh` runs a
+//! copied, stripped runner on a machine with more cores).
 //!
 //! Every measurement runs in a child process of its own (`tapir-compare child SYSTEM
 //! WORKLOAD`), so peak RSS belongs to one system and one workload, and every system gets the
@@ -140,14 +142,14 @@ fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
     let threads = o.threads.to_string();
     let mut cmd = if system.starts_with("torch") {
         let mut c = Command::new(python());
-        c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/torch_peer.py"));
+        c.arg(peer_script("torch_peer.py"));
         if system == "torch-compile" {
             c.env("TORCH_PEER_COMPILE", "1");
         }
         c
     } else if system == "jax" {
         let mut c = Command::new(python());
-        c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/jax_peer.py"));
+        c.arg(peer_script("jax_peer.py"));
         c
     } else {
         let mut c = Command::new(std::env::current_exe().expect("the runner's own path"));
@@ -208,6 +210,14 @@ fn run_child(o: &Options, system: &str, workload: &str, r: &mut Results) {
         None => r.failures.push(format!("{system} {workload}: killed after {CHILD_LIMIT:?}")),
     }
     eprintln!("  {workload} {system}: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The path of a Python peer's script: in `$TAPIR_COMPARE_DIR` if set (a copy of
+/// `benches/compare` on another machine, see `scaling.sh`), else beside the runner's
+/// sources.
+fn peer_script(name: &str) -> String {
+    let dir = std::env::var("TAPIR_COMPARE_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    format!("{dir}/{name}")
 }
 
 /// The Python that runs the PyTorch and JAX peers (see the module doc).

@@ -721,6 +721,31 @@ mod tests {
     }
 
     #[test]
+    fn narrow_products_match_the_naive_sum() {
+        // `a` used transposed, 2 <= n <= 16, m >= 64: the blocked column-major path, with a
+        // last block of 88 rows. Integer-valued entries make every sum exact.
+        let (m, k) = (600, 50);
+        for n in [2, 10, 16, 17] {
+            let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect(); // stored [k, m]
+            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect(); // [k, n]
+            let mut want = vec![1.0; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
+                }
+            }
+            for par in [faer::Par::Seq, faer::Par::rayon(2)] {
+                let mut c = vec![1.0; m * n];
+                f64::gemm(&mut c, &a, true, &b, false, (m, k, n), true, par);
+                assert_eq!(c, want, "n = {n}, accumulated");
+                let mut c = vec![f64::NAN; m * n];
+                f64::gemm(&mut c, &a, true, &b, false, (m, k, n), false, par);
+                assert!(c.iter().zip(&want).all(|(x, w)| *x == w - 1.0), "n = {n}, replaced");
+            }
+        }
+    }
+
+    #[test]
     fn long_reductions_in_k_blocks_match_the_naive_sum() {
         // k = 1100 takes the blocked path (four blocks of 256 and one of 76); integer-valued
         // entries make every partial sum exact, so any order of summation gives these bits.

@@ -720,20 +720,27 @@ mod tests {
         assert_eq!(c, [45.0, 52.0, 81.0, 94.0]);
     }
 
+    /// Integer-valued `a` (stored `[k, m]`) and `b` (`[k, n]`), and `1 + aᵀ·b` summed
+    /// naively: every partial sum is exact, so any order of summation gives these bits.
+    fn at_b_problem(m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect();
+        let mut want = vec![1.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
+            }
+        }
+        (a, b, want)
+    }
+
     #[test]
     fn narrow_products_match_the_naive_sum() {
         // `a` used transposed, 2 <= n <= 16, m >= 64: the blocked column-major path, with a
         // last block of 88 rows. Integer-valued entries make every sum exact.
         let (m, k) = (600, 50);
         for n in [2, 10, 16, 17] {
-            let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect(); // stored [k, m]
-            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect(); // [k, n]
-            let mut want = vec![1.0; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
-                }
-            }
+            let (a, b, want) = at_b_problem(m, k, n);
             for par in [faer::Par::Seq, faer::Par::rayon(2)] {
                 let mut c = vec![1.0; m * n];
                 f64::gemm(&mut c, &a, true, &b, false, (m, k, n), true, par);
@@ -750,14 +757,7 @@ mod tests {
         // k = 1100 takes the blocked path (four blocks of 256 and one of 76); integer-valued
         // entries make every partial sum exact, so any order of summation gives these bits.
         let (m, k, n) = (37, 1100, 29);
-        let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect(); // stored [k, m]
-        let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect(); // [k, n]
-        let mut want = vec![1.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
-            }
-        }
+        let (a, b, want) = at_b_problem(m, k, n);
         for (accumulate, par) in [(true, faer::Par::Seq), (true, faer::Par::rayon(2))] {
             let mut c = vec![1.0; m * n];
             f64::gemm(&mut c, &a, true, &b, false, (m, k, n), accumulate, par);

@@ -290,6 +290,9 @@ mod heap {
 /// values fall monotonically. On a chain of 10,000 ops on 4 KiB values (40 MB, beyond the
 /// 32 MiB L3) recording measured about 1.5x faster in most runs (docs/benchmarks.md,
 /// "Values filled from the top down").
+///
+/// The cast at the end is `<[MaybeUninit<T>]>::assume_init_mut`, stable only from Rust
+/// 1.93, after the workspace's MSRV.
 #[allow(unsafe_code)]
 fn fill_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
     const LINE: usize = 64;
@@ -299,14 +302,10 @@ fn fill_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
             e.write(value);
         }
     }
-    let len = out.len();
-    // SAFETY: the loop above wrote every element of `out` (`rchunks_mut` covers the whole
-    // slice), so all of them are initialised `T`s, and `MaybeUninit<T>` has `T`'s size
-    // and alignment. The new slice covers exactly `out`'s elements and reborrows it
-    // mutably for the returned lifetime, so nothing else can reach them meanwhile. (This
-    // is `<[MaybeUninit<T>]>::assume_init_mut`, stable only from Rust 1.93, after the
-    // workspace's MSRV.)
-    unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<T>(), len) }
+    let (ptr, len) = (out.as_mut_ptr().cast::<T>(), out.len());
+    // SAFETY: the loop wrote all of `out` (`rchunks_mut` covers it); `MaybeUninit<T>` has
+    // `T`'s layout; the slice reborrows `out` mutably, so nothing else reaches it.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
 }
 
 /// Room for `used` bytes, plus alignment padding and slack.

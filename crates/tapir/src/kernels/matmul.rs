@@ -90,14 +90,16 @@ where
 /// Output columns up to which a row-major product with `a` used transposed goes through
 /// [`narrow`].
 const NARROW: usize = 16;
-/// Rows per block in [`narrow`], and the fewest rows that take it.
+/// Rows per block in [`narrow`].
 const NARROW_ROWS: usize = 256;
+/// The fewest output rows that take [`narrow`].
 const NARROW_MIN_ROWS: usize = 64;
 
 /// A tall, narrow row-major product (`2 <= n <= 16`, `m >= 64`) with `a` used transposed
 /// (as in a classifier's weight gradient `hᵀ·dy`), on the calling thread, one block of up
-/// to 256 rows at a time: faer computes each block into a column-major buffer on the stack, which it
-/// fills with its full-height microkernel, and the block is added (or copied) into `dst`.
+/// to 256 rows at a time: faer computes each block into a column-major buffer on the
+/// stack, which it fills with its full-height microkernel, and the block is added (or
+/// copied) into `dst`.
 /// Given `dst` as it is, faer would compute the transposed product, `n` rows high, with
 /// most of each microkernel's rows idle: W2's `dW2 += h1ᵀ·g2` (1024×256×10) took 0.157 ms
 /// that way and 0.065 ms this way, the add-back included (`benches/examples/gemm_w2`,

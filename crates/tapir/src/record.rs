@@ -5,6 +5,7 @@
 use faer::Par;
 
 use crate::error::{Error, Loc, Result};
+use crate::graph::backward::Lent;
 use crate::graph::core::Core;
 use crate::graph::id::NodeMap;
 use crate::graph::tape::{NodeView, Slot, Tape};
@@ -179,32 +180,88 @@ pub(crate) struct BackwardCtx<'a, 's, T> {
     pub par: Par,
     pub(crate) location: Loc,
     /// In a pass that releases intermediate gradients (`backward_into`): the buffers of
-    /// nodes whose backward has run, which later first uses take before the arena.
+    /// nodes whose backward has run, which later first uses take before the arena (their
+    /// elements are stale). `backward_into`'s lent slots are the tape's `lent_grads`.
     pub(crate) spare: Option<&'a mut Vec<&'s mut [T]>>,
 }
+
+/// [`BackwardCtx::grad_pair_write`]'s answer: `∂L/∂out`, the input's gradient buffer, and
+/// whether this is its first gradient (the buffer's elements are then unspecified).
+pub(crate) type WritePair<'b, T> = (&'b [T], &'b mut [T], bool);
 
 /// How many of the most recently released buffers a fresh gradient looks through for one
 /// of its length: bounded, so that a pass over many distinct sizes stays linear.
 const SPARE_LOOKUP: usize = 8;
 
-/// A released buffer of exactly `n` elements, zeroed (over `par`'s threads), if one of
-/// the last few is.
+/// The buffer of `input`'s first gradient, `n` elements, in a releasing pass: the slot
+/// lent to `input` (zeroed; see `Tape::lent_grads`), or else a released buffer of exactly
+/// `n` elements among the last few, zeroed over `zero`'s threads if `zero` is given (else
+/// stale). Out of line: a plain backward pass reuses nothing and must not pay for it.
+#[inline(never)]
+fn reuse<'s, T: Float>(
+    released: &mut Vec<&'s mut [T]>,
+    lent: &[Lent<'s, T>],
+    input: NodeId<'s>,
+    n: usize,
+    zero: Option<Par>,
+) -> Option<&'s mut [T]> {
+    if let Ok(k) = lent.binary_search_by_key(&input.raw(), |e| e.node.raw()) {
+        if let Some(g) = lent[k].slot.take() {
+            return Some(g);
+        }
+    }
+    take_released(released, n, zero)
+}
+
+/// [`reuse`] with the stale elements zeroed over `par`'s threads, if the pass reuses.
 #[inline]
-fn take_spare<'s, T: Float>(spare: &mut Option<&mut Vec<&'s mut [T]>>, n: usize, par: Par) -> Option<&'s mut [T]> {
+fn take_spare<'s, T: Float>(
+    spare: &mut Option<&mut Vec<&'s mut [T]>>,
+    tape: &Tape<'s, T>,
+    input: NodeId<'s>,
+    n: usize,
+    par: Par,
+) -> Option<&'s mut [T]> {
     let spare = spare.as_deref_mut()?;
-    let from = spare.len().saturating_sub(SPARE_LOOKUP);
-    let k = (from..spare.len()).rev().find(|&k| spare[k].len() == n)?;
-    let g = spare.swap_remove(k);
-    crate::kernels::par::fill(par, g, T::ZERO);
+    reuse(spare, &tape.lent_grads, input, n, Some(par))
+}
+
+/// A zeroed slice of `n` elements in the arena, for a gradient.
+#[inline(always)]
+fn zeroed<T: Float>(arena: &Arena, n: usize, location: Loc) -> Result<&mut [T]> {
+    arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", location))
+}
+
+/// A released buffer of exactly `n` elements among the last few, zeroed over `zero`'s
+/// threads if it is given (else stale).
+#[inline]
+fn take_released<'s, T: Float>(released: &mut Vec<&'s mut [T]>, n: usize, zero: Option<Par>) -> Option<&'s mut [T]> {
+    let from = released.len().saturating_sub(SPARE_LOOKUP);
+    let k = (from..released.len()).rev().find(|&k| released[k].len() == n)?;
+    let g = released.swap_remove(k);
+    if let Some(par) = zero {
+        crate::kernels::par::fill(par, g, T::ZERO);
+    }
     Some(g)
 }
 
 impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
     /// A zeroed gradient buffer of `n` elements: a released one (see `spare`) or the arena's.
     pub fn fresh_grad(&mut self, n: usize) -> Result<&'s mut [T]> {
-        match take_spare(&mut self.spare, n, self.par) {
+        match self.spare.as_deref_mut().and_then(|s| take_released(s, n, Some(self.par))) {
             Some(g) => Ok(g),
-            None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location)),
+            None => zeroed(self.arena, n, self.location),
+        }
+    }
+
+    /// A zeroed buffer for node `id`'s first gradient, for an op that sets the gradient
+    /// map itself (a checkpoint, a custom op): the slot lent to `id`, a released buffer or
+    /// the arena's.
+    pub fn first_grad(&mut self, id: NodeId<'s>) -> Result<&'s mut [T]> {
+        let n = self.tape.node(id).shape.numel();
+        match take_spare(&mut self.spare, self.tape, id, n, self.par) {
+            Some(g) => Ok(g),
+            None => zeroed(self.arena, n, self.location),
         }
     }
 
@@ -259,13 +316,38 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         let dout = dout.as_deref().expect("backward visits only nodes whose gradient exists");
         if slot.is_none() {
             let n = node.shape.numel();
-            let g = match take_spare(&mut self.spare, n, self.par) {
+            let g = match take_spare(&mut self.spare, self.tape, input, n, self.par) {
                 Some(g) => g,
                 None => self.arena.alloc_zeroed(n).map_err(|e| alloc_error(e, "backward", self.location))?,
             };
             *slot = Some(g);
         }
         Ok(slot.as_deref_mut().map(|g| (dout, g)))
+    }
+
+    /// As [`grad_pair`](Self::grad_pair), for an op that can write its contribution
+    /// instead of adding it: the flag is `true` when this is `input`'s first gradient, and
+    /// then the buffer's elements are unspecified (a released buffer is not zeroed), so the
+    /// op must write every one of them. A product then runs with `Accum::Replace`, which
+    /// spares faer reading the destination. (Not one body with `grad_pair`: sharing it
+    /// cost shape-`[1]` backward 5 instructions per op.)
+    pub fn grad_pair_write(&mut self, out: NodeId<'s>, input: NodeId<'s>) -> Result<Option<WritePair<'_, T>>> {
+        let node = self.tape.node(input);
+        if !node.requires_grad {
+            return Ok(None);
+        }
+        let (dout, slot) = self.grads.pair_mut(out, input);
+        let dout = dout.as_deref().expect("backward visits only nodes whose gradient exists");
+        let first = slot.is_none();
+        if first {
+            let n = node.shape.numel();
+            let g = match self.spare.as_deref_mut().and_then(|r| reuse(r, &self.tape.lent_grads, input, n, None)) {
+                Some(g) => g,
+                None => zeroed(self.arena, n, self.location)?,
+            };
+            *slot = Some(g);
+        }
+        Ok(slot.as_deref_mut().map(|g| (dout, g, first)))
     }
 }
 

@@ -328,6 +328,79 @@ fn backward_into_reuses_the_buffers_of_consumed_intermediate_gradients() {
     assert_eq!((kept.2.released_bytes, released.2.released_bytes), (0, 8 + 8 * 8));
 }
 
+/// `backward_into` of `loss(p, leaves)`, `leaves` the scope's leaves of `extra`: `p`'s
+/// gradient, written into a zeroed buffer.
+fn grad_into(
+    p: &Tensor<f64>,
+    extra: &[Tensor<f64>],
+    loss: impl for<'s> Fn(tapir::Var<'s, f64>, &[tapir::Var<'s, f64>]) -> tapir::Var<'s, f64>,
+) -> Vec<f64> {
+    let mut store = ParamStore::<f64>::new();
+    let id = store.add("p", p.clone()).unwrap();
+    let mut grads = store.zeros_like().unwrap();
+    Graph::<f64>::new()
+        .scope(|s| {
+            let leaves: Vec<_> = extra.iter().map(|e| s.leaf(e)).collect();
+            s.backward_into(loss(s.param(&store, id), &leaves), &mut grads)
+        })
+        .unwrap();
+    grads.get(id).unwrap().data().to_vec()
+}
+
+#[test]
+fn first_product_gradients_written_into_reused_buffers_are_exact() {
+    // A product writes its input's first gradient (no zero-fill, no add) where it covers
+    // every element. In each case below `h = 2p` (6 elements) takes its first gradient
+    // from a product, after `q = 3p` (recorded later, so walked earlier) released a
+    // 6-element buffer still holding `∂L/∂q = 1`: any element the product does not write
+    // would read 1 and show up in `∂L/∂p = 2·∂L/∂h + 3`.
+    let p = t(&[0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &[3, 2]);
+
+    // An empty product: `h [3, 2] · z [2, 0]` has no element, so `∂L/∂h = 0`.
+    let z = Tensor::<f64>::zeros(&[2, 0]).unwrap();
+    let got = grad_into(&p, &[z], |pv, l| {
+        let e = pv.mul_scalar(2.0).matmul(l[0]);
+        e.sum() + pv.mul_scalar(3.0).sum()
+    });
+    assert_eq!(got, [3.0; 6], "empty matmul");
+    // The same through `linear`, whose batch is empty: `x [0, 3] · h [3, 2] + b`.
+    let (x0, b) = (Tensor::<f64>::zeros(&[0, 3]).unwrap(), t(&[0.1, -0.2], &[2]));
+    let got = grad_into(&p, &[x0, b], |pv, l| {
+        let e = l[0].linear(pv.mul_scalar(2.0), l[1]);
+        e.sum() + pv.mul_scalar(3.0).sum()
+    });
+    assert_eq!(got, [3.0; 6], "empty linear");
+
+    // A broadcast operand: `h [2, 3]` times `c [4, 3, 5]` sums four products into `∂L/∂h`,
+    // `∂L/∂h[i][j] = Σ_b Σ_n c[b][j][n]` for `L = Σ h·c`.
+    let p23 = t(&[0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &[2, 3]);
+    let cv: Vec<f64> = (0..60).map(|i| ((i * 7) % 13) as f64 / 13.0 - 0.5).collect();
+    let c = t(&cv, &[4, 3, 5]);
+    let got = grad_into(&p23, &[c], |pv, l| {
+        let e = pv.mul_scalar(2.0).matmul(l[0]);
+        e.sum() + pv.mul_scalar(3.0).sum()
+    });
+    let want: Vec<f64> = (0..6)
+        .map(|ij| {
+            let j = ij % 3;
+            2.0 * (0..4).map(|b| (0..5).map(|n| cv[b * 15 + j * 5 + n]).sum::<f64>()).sum::<f64>() + 3.0
+        })
+        .collect();
+    assert_close(&got, &want);
+
+    // A parameter used as both operands, its slot lent: the first product is written,
+    // the second added. `L = Σ (X·X)`: `∂L/∂X[i][j] = Σ_k X[j][k] + Σ_k X[k][i]`.
+    let xv = [0.5, -1.0, 2.0, 0.25, 1.5, -0.75, 1.0, 0.0, -2.0];
+    let got = grad_into(&t(&xv, &[3, 3]), &[], |pv, _| pv.matmul(pv).sum());
+    let want: Vec<f64> = (0..9)
+        .map(|ij| {
+            let (i, j) = (ij / 3, ij % 3);
+            (0..3).map(|k| xv[j * 3 + k] + xv[k * 3 + i]).sum()
+        })
+        .collect();
+    assert_close(&got, &want);
+}
+
 fn assert_close(got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {

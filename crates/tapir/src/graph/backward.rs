@@ -7,6 +7,8 @@
 //! zero-filled, and every op accumulates into them, so a node used twice (`x * x`) gets
 //! both contributions.
 
+use std::cell::Cell;
+
 use faer::Par;
 
 use crate::error::{Error, Loc, Result};
@@ -53,13 +55,29 @@ pub(crate) fn check<'s, T: Float>(
 /// The gradient map of one pass, before it is handed back to the tape.
 pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;
 
+/// A slot of `backward_into`'s buffer lent to the one parameter node that reads it: the
+/// node's first gradient takes it (`None` after). A `Cell`, as the walk reads the tape
+/// through a shared borrow.
+pub(crate) struct Lent<'s, T> {
+    pub node: NodeId<'s>,
+    pub slot: Cell<Option<&'s mut [T]>>,
+}
+
+impl<T> std::fmt::Debug for Lent<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lent").field("node", &self.node.index()).finish_non_exhaustive()
+    }
+}
+
 /// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`; the
-/// caller has run [`check`]. `lend` first sets some nodes' gradient buffers (zeroed memory
-/// of the caller's: `backward_into`'s parameter slots), which the walk accumulates into
-/// as into its own, and `undo` run on the map if the pass fails. With `release`, each
-/// node that is not a leaf gives its gradient buffer up once its own backward has run,
-/// for a later first use of the same length to take instead of the arena: the gradients
-/// of intermediate nodes are then not kept (`Var::grad` reads `None` for them).
+/// caller has run [`check`]. `lend` first lists some nodes' gradient buffers (zeroed
+/// memory of the caller's: `backward_into`'s parameter slots) in `tape.lent_grads`, which
+/// each node takes as its gradient on first use and the walk accumulates into as into its
+/// own; a listed node that gets no gradient has its buffer set in the map after the pass.
+/// `undo` runs on the map if the pass fails. With `release`, each node that is not a leaf
+/// gives its gradient buffer up once its own backward has run, for a later first use of
+/// the same length to take instead of the arena: the gradients of intermediate nodes are
+/// then not kept (`Var::grad` reads `None` for them).
 #[allow(clippy::too_many_arguments)] // the pass and the two hooks
 pub(crate) fn run_with<'s, T: Float>(
     tape: &mut Tape<'s, T>,
@@ -68,12 +86,15 @@ pub(crate) fn run_with<'s, T: Float>(
     (loss, seed): (NodeId<'s>, Seed<'_, T>),
     location: Loc,
     (anomaly, release): (bool, bool),
-    lend: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
+    lend: impl FnOnce(&Tape<'s, T>, &mut Vec<Lent<'s, T>>),
     undo: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
 ) -> Result<()> {
     let mut grads: Grads<'s, T> = NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
-    lend(tape, &mut grads);
+    let mut lent = std::mem::take(&mut tape.lent_grads);
+    lend(tape, &mut lent);
+    lent.sort_unstable_by_key(|e| e.node.raw());
+    tape.lent_grads = lent;
     let mut custom = std::mem::take(&mut tape.custom_scratch);
     let mut spare = std::mem::take(&mut tape.spare_grads);
     let pool = release.then_some(&mut spare);
@@ -83,9 +104,20 @@ pub(crate) fn run_with<'s, T: Float>(
     tape.released_bytes = spare.iter().map(|g| std::mem::size_of_val(&**g)).sum();
     spare.clear();
     tape.spare_grads = spare;
+    let mut lent = std::mem::take(&mut tape.lent_grads);
     if result.is_err() {
         undo(tape, &mut grads);
+    } else {
+        // Zeroed slots whose node got no gradient: that node reads zeros, as it did when
+        // the slot was set in the map before the walk.
+        for Lent { node, slot } in lent.drain(..) {
+            if let Some(g) = slot.into_inner() {
+                grads[node] = Some(g);
+            }
+        }
     }
+    lent.clear();
+    tape.lent_grads = lent;
     // Whether or not it failed, hand the buffers back: gradients computed so far stay readable.
     tape.grads = grads.map(|g| g.map(|g| &*g));
     tape.custom_scratch = custom.recycle();

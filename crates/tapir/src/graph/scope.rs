@@ -529,12 +529,12 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             (loss.id, Seed::One),
             location,
             (anomaly, true),
-            |tape, map| {
+            |tape, lent| {
                 for (slot, to, data) in slots {
                     // The loss's own gradient is the seed, so a parameter that is the
                     // loss takes the arena like a shared one.
                     match tape.id_at(to).filter(|&id| to != crate::params::SHARED && id != loss.id) {
-                        Some(id) => map[id] = Some(data),
+                        Some(id) => lent.push(backward::Lent { node: id, slot: Some(data).into() }),
                         None => shared.push((slot, data)),
                     }
                 }

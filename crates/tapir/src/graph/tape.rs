@@ -8,6 +8,7 @@
 //! lifetime without reallocating (see [`recycle`]).
 
 use crate::error::{Error, Loc, Result};
+use crate::graph::backward::Lent;
 use crate::graph::id::NodeMap;
 use crate::graph::NodeId;
 use crate::ops::checkpoint::{CheckpointEntry, Nest};
@@ -86,6 +87,9 @@ pub(crate) struct Tape<'s, T> {
     /// A releasing pass's gradient buffers of nodes whose backward has run, kept for its
     /// capacity between passes (see `backward::run_with`).
     pub spare_grads: Vec<&'s mut [T]>,
+    /// During `backward_into`'s pass: the buffer's slots lent to single parameter nodes,
+    /// sorted by node (see `backward::run_with`). Empty otherwise, kept for its capacity.
+    pub lent_grads: Vec<Lent<'s, T>>,
     /// Bytes of gradient buffers that the last releasing pass gave up and nothing reused.
     pub released_bytes: usize,
     /// Set when the caller reads or aliases a value (`Var::value`, `detach`, ...): a
@@ -197,6 +201,7 @@ pub(crate) struct Spare<T: 'static> {
     slots: Vec<Slot<'static>>,
     shared_grads: Vec<(usize, &'static mut [T])>,
     spare_grads: Vec<&'static mut [T]>,
+    lent_grads: Vec<Lent<'static, T>>,
     in_place: Vec<u32>,
 }
 
@@ -243,6 +248,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
             lent: 0..0,
             shared_grads: recycle(std::mem::take(&mut spare.shared_grads)),
             spare_grads: recycle(std::mem::take(&mut spare.spare_grads)),
+            lent_grads: recycle(std::mem::take(&mut spare.lent_grads)),
             released_bytes: 0,
             values_read: std::cell::Cell::new(false),
             in_place: InPlace {
@@ -268,6 +274,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.slots = Vec::new();
         spare.shared_grads = Vec::new();
         spare.spare_grads = Vec::new();
+        spare.lent_grads = Vec::new();
         spare.in_place = Vec::new();
     }
 
@@ -278,6 +285,7 @@ impl<'s, T: Copy + 'static> Tape<'s, T> {
         spare.slots = recycle(std::mem::take(&mut self.slots).into_vec());
         spare.shared_grads = recycle(std::mem::take(&mut self.shared_grads));
         spare.spare_grads = recycle(std::mem::take(&mut self.spare_grads));
+        spare.lent_grads = recycle(std::mem::take(&mut self.lent_grads));
         spare.shapes = std::mem::take(&mut self.shapes);
         spare.shapes.clear();
         spare.extra = std::mem::take(&mut self.extra);

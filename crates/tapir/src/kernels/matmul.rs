@@ -312,16 +312,28 @@ pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T],
     }
 }
 
+/// Whether a first gradient of an operand with batch shape `own` can be written rather
+/// than added: every output item writes its own block (nothing is broadcast) and the
+/// product is not empty, so every element of the gradient is written once.
+fn writes_each_block_once(d: &MatMulDims, own: &Shape) -> bool {
+    d.m > 0 && d.k > 0 && d.n > 0 && *own == d.batch
+}
+
 /// `da[ia] += dout[i] · op(b[ib])ᵀ` over the batch (transposed back if `a` is used
-/// transposed: `da[ia] += op(b[ib]) · dout[i]ᵀ`).
-pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], par: Par) {
+/// transposed: `da[ia] += op(b[ib]) · dout[i]ᵀ`); with `first`, `da`'s elements are
+/// unspecified and are overwritten (`=` instead of `+=`).
+pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], first: bool, par: Par) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
+    let add = !first || !writes_each_block_once(d, &d.a_batch);
+    if first && add {
+        super::par::fill(par, da, T::ZERO);
+    }
     let item = |o: usize, ib: usize, g: &mut [T], par| {
         let (dout, b) = (&dout[o * m * n..(o + 1) * m * n], &b[ib * k * n..(ib + 1) * k * n]);
         if ta {
-            T::gemm(g, b, tb, dout, true, (k, n, m), true, par);
+            T::gemm(g, b, tb, dout, true, (k, n, m), add, par);
         } else {
-            T::gemm(g, dout, false, b, !tb, (m, n, k), true, par);
+            T::gemm(g, dout, false, b, !tb, (m, n, k), add, par);
         }
     };
     if !spread(d, par, da, m * k, |i, g| item(i, i, g, Par::Seq)) {
@@ -330,15 +342,19 @@ pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut
 }
 
 /// `db[ib] += op(a[ia])ᵀ · dout[i]` over the batch (transposed back if `b` is used
-/// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`).
-pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], par: Par) {
+/// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`); with `first`, as for [`backward_a`].
+pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], first: bool, par: Par) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
+    let add = !first || !writes_each_block_once(d, &d.b_batch);
+    if first && add {
+        super::par::fill(par, db, T::ZERO);
+    }
     let item = |o: usize, ia: usize, g: &mut [T], par| {
         let (a, dout) = (&a[ia * m * k..(ia + 1) * m * k], &dout[o * m * n..(o + 1) * m * n]);
         if tb {
-            T::gemm(g, dout, true, a, ta, (n, m, k), true, par);
+            T::gemm(g, dout, true, a, ta, (n, m, k), add, par);
         } else {
-            T::gemm(g, a, !ta, dout, false, (k, m, n), true, par);
+            T::gemm(g, a, !ta, dout, false, (k, m, n), add, par);
         }
     };
     if !spread(d, par, db, k * n, |i, g| item(i, i, g, Par::Seq)) {

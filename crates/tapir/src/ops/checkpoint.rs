@@ -660,7 +660,7 @@ fn add_grad<'s, T: Float>(ctx: &mut BackwardCtx<'_, 's, T>, id: NodeId<'s>, g: &
     match &mut ctx.grads[id] {
         Some(slot) => kernels::add_assign(slot, g),
         None => {
-            let fresh = ctx.fresh_grad(g.len())?;
+            let fresh = ctx.first_grad(id)?;
             fresh.copy_from_slice(g);
             ctx.grads[id] = Some(fresh);
         }

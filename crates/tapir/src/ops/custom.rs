@@ -627,7 +627,7 @@ fn backward_with<'s, T: Float>(
         } else {
             // On failure, the slots taken so far are the first ones, in order, and the
             // caller puts them back.
-            Some(ctx.fresh_grad(ctx.shape(id).numel())?)
+            Some(ctx.first_grad(id)?)
         };
         scratch.grads.push(slot);
     }

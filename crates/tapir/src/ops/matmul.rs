@@ -3,8 +3,10 @@
 //!
 //! Backward, with `dout = ∂L/∂out` (`[..., m, n]`):
 //! `da += dout · bᵀ` and `db += aᵀ · dout`, summed over broadcast batch dimensions.
-//! Both products run through faer with transposed views (no transpose is materialised)
-//! and `Accum::Add` into the existing gradient buffers, so `x · x` gets both terms.
+//! Both products run through faer with transposed views (no transpose is materialised).
+//! An input's first gradient is written (`Accum::Replace`, into a buffer that need not be
+//! zeroed: `BackwardCtx::grad_pair_write`); a later one is added (`Accum::Add`), so
+//! `x · x` gets both terms.
 //!
 //! `linear`: `out = x · w + b` for `x: [..., k]` (rank ≥ 2), `w: [k, n]`, `b: [n]`, one
 //! node where `matmul` then `+` make two: the output starts as `b` in every row and faer
@@ -127,11 +129,11 @@ pub(crate) fn backward<'s, T: Float>(
         .expect("shapes were checked when matmul was recorded")
         .0;
     let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
-    if let Some((dout, da)) = ctx.grad_pair(out, a)? {
-        kmatmul::backward_a(&dims, dout, vb, da, par);
+    if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
+        kmatmul::backward_a(&dims, dout, vb, da, first, par);
     }
-    if let Some((dout, db)) = ctx.grad_pair(out, b)? {
-        kmatmul::backward_b(&dims, dout, va, db, par);
+    if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
+        kmatmul::backward_b(&dims, dout, va, db, first, par);
     }
     Ok(())
 }
@@ -150,14 +152,20 @@ pub(crate) fn backward_linear<'s, T: Float>(
     let products = so.numel() > 0 && k > 0;
     let m = if so.numel() > 0 { so.numel() / n } else { 0 };
     let (vx, vw, vb, par) = (ctx.value(x), ctx.value(w), ctx.value(b), ctx.par);
-    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
+    // A first gradient is written, not added (`grad_pair_write`); without a product it
+    // is zero.
+    if let Some((dout, dx, first)) = ctx.grad_pair_write(out, x)? {
         if products {
-            T::gemm(dx, dout, false, vw, true, (m, n, k), true, par);
+            T::gemm(dx, dout, false, vw, true, (m, n, k), !first, par);
+        } else if first {
+            dx.fill(T::ZERO);
         }
     }
-    if let Some((dout, dw)) = ctx.grad_pair(out, w)? {
+    if let Some((dout, dw, first)) = ctx.grad_pair_write(out, w)? {
         if products {
-            T::gemm(dw, vx, true, dout, false, (k, m, n), true, par);
+            T::gemm(dw, vx, true, dout, false, (k, m, n), !first, par);
+        } else if first {
+            dw.fill(T::ZERO);
         }
     }
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {

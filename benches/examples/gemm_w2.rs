@@ -2,6 +2,10 @@
 //! calls it) against faer on column-major matrices (as the faer-direct baseline calls it),
 //! and Tapir's output split into column blocks or its `k` into blocks.
 //! `cargo run --release -p benches --example gemm_w2 -- [THREADS]`.
+//!
+//! With `replace` after THREADS: each product accumulating into its destination
+//! (`Accum::Add`) against the same product writing it (`Accum::Replace`), alternated over
+//! 40 repetitions of 4 calls, medians: what writing a first gradient saves.
 use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, Par};
 use std::time::Instant;
@@ -19,6 +23,30 @@ fn time(f: &mut dyn FnMut()) -> f64 {
     best * 1e3
 }
 
+/// Medians of `Accum::Add` and `Accum::Replace`, alternated, per product.
+fn add_against_replace(shapes: &[(&str, usize, usize, usize, bool, bool, bool)], par: Par) {
+    for &(name, m, k, n, a_t, b_t, _) in shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+        let mut c = vec![0.0f32; m * n];
+        let (mut add, mut replace) = (Vec::new(), Vec::new());
+        for rep in 0..40 {
+            for acc in [rep % 2 == 0, rep % 2 == 1] {
+                let t = Instant::now();
+                for _ in 0..4 {
+                    f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), acc, par);
+                }
+                let ms = t.elapsed().as_secs_f64() / 4.0 * 1e3;
+                if acc { &mut add } else { &mut replace }.push(ms);
+            }
+        }
+        add.sort_by(f64::total_cmp);
+        replace.sort_by(f64::total_cmp);
+        let (a, r) = (add[20], replace[20]);
+        println!("{name:18} add {a:.3} ms, replace {r:.3} ms, add/replace {:.3}", a / r);
+    }
+}
+
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     tapir::init_threads(threads).expect("no parallel work before this");
@@ -34,6 +62,10 @@ fn main() {
         ("dh0 += g1.W1t", 256, 1024, 1024, false, true, true),
         ("dW0 += xt.g0", 784, 256, 1024, true, false, true),
     ];
+    if std::env::args().nth(2).as_deref() == Some("replace") {
+        add_against_replace(&shapes, par);
+        return;
+    }
     let (mut tt, mut tr, mut tf) = (0.0, 0.0, 0.0);
     for &(name, m, k, n, a_t, b_t, acc) in &shapes {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();

@@ -5,7 +5,8 @@
 //! its consumers: nothing sorts, hashes or recurses, and a chain of a million ops needs no
 //! more stack than a chain of two. Gradients are allocated in the arena on first use,
 //! zero-filled, and every op accumulates into them, so a node used twice (`x * x`) gets
-//! both contributions.
+//! both contributions; a product writes its input's first contribution instead (no read of
+//! the zeros, and a reused buffer is not zero-filled: `BackwardCtx::grad_pair_write`).
 
 use std::cell::Cell;
 

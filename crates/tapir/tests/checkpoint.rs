@@ -509,3 +509,63 @@ fn in_place_ops_keep_one_buffer_per_layer_in_the_scratch_arena() {
     assert!(scratch < 8 * act, "{} activations", scratch as f64 / act as f64);
     assert!(scratch >= 4 * act, "{} activations", scratch as f64 / act as f64);
 }
+
+/// `x·W`, panicking on its `panic_on`-th call (counting from 1).
+struct Flaky<'a> {
+    store: &'a ParamStore<f64>,
+    w: ParamId,
+    calls: Cell<u32>,
+    panic_on: u32,
+}
+
+impl Checkpoint<f64> for Flaky<'_> {
+    fn forward<'c, 'e>(&'e self, s: &'c Scope<'c, 'e, f64>, x: &[Var<'c, f64>], _: u32) -> Var<'c, f64> {
+        self.calls.set(self.calls.get() + 1);
+        assert_ne!(self.calls.get(), self.panic_on, "the block fails on this call");
+        x[0].matmul(s.param(self.store, self.w))
+    }
+}
+
+/// `s.backward_into(loss, grads)`, with a panic caught.
+fn backward_into_unwinding<'s>(
+    s: &'s Scope<'s, '_, f64>,
+    loss: Var<'s, f64>,
+    grads: &'s mut tapir::GradBuffer<f64>,
+) -> std::thread::Result<Result<(), Error>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let grads = grads; // moved out of the closure, so that the closure is `FnOnce`
+        s.backward_into(loss, grads)
+    }))
+}
+
+#[test]
+fn a_backward_into_that_unwinds_lends_nothing_to_the_next() {
+    // The block panics while recomputed for the first `backward_into`, after `v`'s first
+    // gradient has taken its slot of `a` and before `u`'s has (`u` is read before the
+    // block, so the walk reaches it after). The caller catches the panic and runs
+    // `backward_into` again into `b`: every parameter gets its gradient there, and
+    // `Var::grad` reads it, as if the first pass had never run
+    // (`L = Σ u³ + Σ x·W + Σ v²`: `∂L/∂u = 3u²`, `∂L/∂W[i][j] = Σ_r x[r][i]`, `∂L/∂v = 2v`).
+    let mut store = ParamStore::<f64>::new();
+    let w = store.add("w", Tensor::from_vec(vec![0.5, -1.0, 2.0, 0.25], &[2, 2]).unwrap()).unwrap();
+    let v = store.add("v", Tensor::from_vec(vec![1.5, -0.75], &[2]).unwrap()).unwrap();
+    let u = store.add("u", Tensor::from_vec(vec![2.0, -1.0], &[2]).unwrap()).unwrap();
+    let x = Tensor::from_vec(vec![1.0, 2.0, -3.0, 0.5], &[2, 2]).unwrap();
+    let flaky = Flaky { store: &store, w, calls: Cell::new(0), panic_on: 2 };
+    let (mut a, mut b) = (store.zeros_like().unwrap(), store.zeros_like().unwrap());
+    let mut graph = Graph::<f64>::new();
+    let (gu, gv) = graph.scope(|s| {
+        let uu = s.param(&store, u);
+        let cube = uu.powf(3.0).sum();
+        let y = s.checkpoint(&flaky, &[s.leaf(&x)]);
+        let vv = s.param(&store, v);
+        let loss = cube + y.sum() + (vv * vv).sum();
+        assert!(backward_into_unwinding(s, loss, &mut a).is_err(), "the recomputation panicked");
+        s.backward_into(loss, &mut b).unwrap();
+        (uu.grad().unwrap().to_vec(), vv.grad().unwrap().to_vec())
+    });
+    assert_eq!((gu.as_slice(), gv.as_slice()), ([12.0, 3.0].as_slice(), [3.0, -1.5].as_slice()));
+    assert_eq!(b.get(u).unwrap().data(), [12.0, 3.0]);
+    assert_eq!(b.get(v).unwrap().data(), [3.0, -1.5]);
+    assert_eq!(b.get(w).unwrap().data(), [-2.0, -2.0, 2.5, 2.5]);
+}

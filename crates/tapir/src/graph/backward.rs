@@ -93,6 +93,9 @@ pub(crate) fn run_with<'s, T: Float>(
     let mut grads: Grads<'s, T> = NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
     let mut lent = std::mem::take(&mut tape.lent_grads);
+    // Empty unless a pass unwound (a panic in a checkpointed block's recomputation) and
+    // the caller caught it: that pass's slots must not be lent again.
+    lent.clear();
     lend(tape, &mut lent);
     lent.sort_unstable_by_key(|e| e.node.raw());
     tape.lent_grads = lent;

@@ -3,6 +3,11 @@
 //! and Tapir's output split into column blocks or its `k` into blocks.
 //! `cargo run --release -p benches --example gemm_w2 -- [THREADS]`.
 //!
+//! With `layout` after THREADS: the eight products with weights stored `[in, out]` (as
+//! `linear` takes them) against `[out, in]` (PyTorch's layout), alternated, medians.
+//! With `one I row|col` after THREADS: product `I` (0 to 7) alone, 300 times, in one
+//! orientation, for `perf record`.
+//!
 //! With `replace` after THREADS: each product accumulating into its destination
 //! (`Accum::Add`) against the same product writing it (`Accum::Replace`), alternated over
 //! 40 repetitions of 4 calls, medians: what writing a first gradient saves.
@@ -47,6 +52,88 @@ fn add_against_replace(shapes: &[(&str, usize, usize, usize, bool, bool, bool)],
     }
 }
 
+/// One of W2's products 300 times, row-major as Tapir calls it or column-major as
+/// faer-direct does (`col`), `Accum::Replace`: for `perf record`, to see where the time of
+/// each orientation goes (faer packs `op(a)` when the destination is column-major and
+/// `op(b)ᵀ` when it is row-major).
+fn one_product((name, m, k, n, a_t, b_t, _): (&str, usize, usize, usize, bool, bool, bool), col: bool, par: Par) {
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+    let mut c = vec![0.0f32; m * n];
+    // Column-major operands with faer-direct's layout: `a` stored `k×m` (then transposed)
+    // when `a_t`, `b` stored `n×k` when `b_t`.
+    let (ar, ac) = if a_t { (k, m) } else { (m, k) };
+    let (br, bc) = if b_t { (n, k) } else { (k, n) };
+    let fa = Mat::<f32>::from_fn(ar, ac, |i, j| a[(i * ac + j) % a.len()]);
+    let fb = Mat::<f32>::from_fn(br, bc, |i, j| b[(i * bc + j) % b.len()]);
+    let fav = if a_t { fa.as_ref().transpose() } else { fa.as_ref() };
+    let fbv = if b_t { fb.as_ref().transpose() } else { fb.as_ref() };
+    let mut fc = Mat::<f32>::zeros(m, n);
+    let t = Instant::now();
+    for _ in 0..300 {
+        if col {
+            matmul(fc.as_mut(), Accum::Replace, fav, fbv, 1.0f32, par);
+        } else {
+            f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), false, par);
+        }
+    }
+    let ms = t.elapsed().as_secs_f64() / 300.0 * 1e3;
+    println!("{name} {}: {ms:.3} ms", if col { "column-major" } else { "row-major" });
+}
+
+/// W2's eight products as Tapir calls them with weights stored `[in, out]` (`linear`'s
+/// `w: [k, n]`) against weights stored `[out, in]` (PyTorch's layout), alternated over 30
+/// repetitions of 4 steps, medians per product and of the sum.
+fn weight_layouts(par: Par) {
+    let dims = [784usize, 1024, 1024, 10];
+    let batch = 256;
+    let fill = |len: usize, seed: usize| -> Vec<f32> { (0..len).map(|i| ((i * seed) % 1000) as f32 * 1e-3).collect() };
+    // (name, m, k, n, a_t, b_t, accumulate, a len, b len) per product per layout.
+    let mut prods: Vec<(String, [(usize, usize, usize, bool, bool, bool); 2])> = Vec::new();
+    for l in 0..3 {
+        let (i, o) = (dims[l], dims[l + 1]);
+        prods.push((format!("fwd {l}"), [(batch, i, o, false, false, true), (batch, i, o, false, true, true)]));
+        prods.push((format!("dW {l}"), [(i, batch, o, true, false, false), (o, batch, i, true, false, false)]));
+        if l > 0 {
+            prods.push((format!("dx {l}"), [(batch, o, i, false, true, false), (batch, o, i, false, false, false)]));
+        }
+    }
+    let mut times = vec![[Vec::new(), Vec::new()]; prods.len()];
+    let mut sums = [Vec::new(), Vec::new()];
+    let bufs: Vec<[(Vec<f32>, Vec<f32>, Vec<f32>); 2]> = prods
+        .iter()
+        .map(|(_, shapes)| shapes.map(|(m, k, n, ..)| (fill(m * k, 7919), fill(k * n, 104729), vec![0.0f32; m * n])))
+        .collect();
+    let mut bufs = bufs;
+    for rep in 0..30 {
+        for layout in [rep % 2, 1 - rep % 2] {
+            let mut total = 0.0;
+            for (p, (_, shapes)) in prods.iter().enumerate() {
+                let (m, k, n, a_t, b_t, acc) = shapes[layout];
+                let (a, b, c) = &mut bufs[p][layout];
+                let t = Instant::now();
+                for _ in 0..4 {
+                    f32::gemm(c, a, a_t, b, b_t, (m, k, n), acc, par);
+                }
+                let ms = t.elapsed().as_secs_f64() / 4.0 * 1e3;
+                times[p][layout].push(ms);
+                total += ms;
+            }
+            sums[layout].push(total);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (p, (name, _)) in prods.iter().enumerate() {
+        let (a, b) = (median(&mut times[p][0]), median(&mut times[p][1]));
+        println!("{name:8} [in,out] {a:.3} ms, [out,in] {b:.3} ms, ratio {:.3}", a / b);
+    }
+    let (a, b) = (median(&mut sums[0]), median(&mut sums[1]));
+    println!("the eight: [in,out] {a:.3} ms, [out,in] {b:.3} ms, ratio {:.3}", a / b);
+}
+
 fn main() {
     let threads: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     tapir::init_threads(threads).expect("no parallel work before this");
@@ -62,6 +149,16 @@ fn main() {
         ("dh0 += g1.W1t", 256, 1024, 1024, false, true, true),
         ("dW0 += xt.g0", 784, 256, 1024, true, false, true),
     ];
+    if std::env::args().nth(2).as_deref() == Some("one") {
+        let arg = |i: usize| std::env::args().nth(i).unwrap_or_default();
+        let idx: usize = arg(3).parse().expect("a product index, 0 to 7");
+        one_product(shapes[idx], arg(4) == "col", par);
+        return;
+    }
+    if std::env::args().nth(2).as_deref() == Some("layout") {
+        weight_layouts(par);
+        return;
+    }
     if std::env::args().nth(2).as_deref() == Some("replace") {
         add_against_replace(&shapes, par);
         return;

@@ -157,12 +157,18 @@ impl Arena {
     /// arena's threads from [`MIN_PARALLEL`] elements on. Out of line so that the small
     /// path, inlined into every op's recording and backward, stays short.
     #[inline(never)]
-    fn alloc_fill_down<T: Pod + Send + Sync>(&self, len: usize, value: T, requested: usize) -> Result<&mut [T], AllocFail> {
+    fn alloc_fill_down<T: Pod + Send + Sync>(
+        &self,
+        len: usize,
+        value: T,
+        requested: usize,
+    ) -> Result<&mut [T], AllocFail> {
         // Copying `uninit` stores nothing: this only reserves the slice.
         let raw = self.bump.try_alloc_slice_fill_copy(len, MaybeUninit::uninit());
         let raw = raw.map_err(|_| AllocFail::Oom { requested })?;
         let tasks = threads(self.par);
-        let out = if tasks > 1 && len >= MIN_PARALLEL { fill_down_par(raw, value, tasks) } else { fill_down(raw, value) };
+        let out =
+            if tasks > 1 && len >= MIN_PARALLEL { fill_down_par(raw, value, tasks) } else { fill_down(raw, value) };
         self.commit(requested);
         Ok(out)
     }

@@ -19,9 +19,6 @@ use std::mem::MaybeUninit;
 
 use bumpalo::Bump;
 use bytemuck::Pod;
-use faer::Par;
-
-use crate::kernels::par::{for_chunks, threads, MIN_PARALLEL};
 
 /// Up to this many elements, [`Arena::alloc_iter`] fills element by element: below it a
 /// memset call costs more than it saves.
@@ -77,8 +74,6 @@ pub(crate) struct Arena {
     /// them used.
     small_streak: u32,
     streak_max: usize,
-    /// The threads a fill of [`MIN_PARALLEL`] elements or more is split over: the scope's.
-    par: Par,
 }
 
 impl Arena {
@@ -93,14 +88,7 @@ impl Arena {
             releases: 0,
             small_streak: 0,
             streak_max: 0,
-            par: Par::Seq,
         }
-    }
-
-    /// The threads large fills run on from now on (the scope's, set when it starts). The
-    /// values do not depend on it: a fill writes one constant.
-    pub(crate) fn set_par(&mut self, par: Par) {
-        self.par = par;
     }
 
     pub(crate) fn set_limit(&mut self, limit: Option<usize>) {
@@ -137,13 +125,13 @@ impl Arena {
 
     /// A zero-filled slice of `len` elements.
     #[inline]
-    pub(crate) fn alloc_zeroed<T: Pod + Send + Sync>(&self, len: usize) -> Result<&mut [T], AllocFail> {
+    pub(crate) fn alloc_zeroed<T: Pod>(&self, len: usize) -> Result<&mut [T], AllocFail> {
         self.alloc_fill(len, T::zeroed())
     }
 
     /// A slice of `len` copies of `value`.
     #[inline]
-    pub(crate) fn alloc_fill<T: Pod + Send + Sync>(&self, len: usize, value: T) -> Result<&mut [T], AllocFail> {
+    pub(crate) fn alloc_fill<T: Pod>(&self, len: usize, value: T) -> Result<&mut [T], AllocFail> {
         let requested = self.reserve(len, std::mem::size_of::<T>())?;
         if requested >= FILL_DOWN {
             return self.alloc_fill_down(len, value, requested);
@@ -153,28 +141,19 @@ impl Arena {
         Ok(out)
     }
 
-    /// [`alloc_fill`](Self::alloc_fill) of `requested >= FILL_DOWN` bytes, split over the
-    /// arena's threads from [`MIN_PARALLEL`] elements on. Out of line so that the small
-    /// path, inlined into every op's recording and backward, stays short.
+    /// [`alloc_fill`](Self::alloc_fill) of `requested >= FILL_DOWN` bytes. Out of line so
+    /// that the small path, inlined into every op's recording and backward, stays short.
     #[inline(never)]
-    fn alloc_fill_down<T: Pod + Send + Sync>(
-        &self,
-        len: usize,
-        value: T,
-        requested: usize,
-    ) -> Result<&mut [T], AllocFail> {
+    fn alloc_fill_down<T: Pod>(&self, len: usize, value: T, requested: usize) -> Result<&mut [T], AllocFail> {
         // Copying `uninit` stores nothing: this only reserves the slice.
         let raw = self.bump.try_alloc_slice_fill_copy(len, MaybeUninit::uninit());
-        let raw = raw.map_err(|_| AllocFail::Oom { requested })?;
-        let tasks = threads(self.par);
-        let out =
-            if tasks > 1 && len >= MIN_PARALLEL { fill_down_par(raw, value, tasks) } else { fill_down(raw, value) };
+        let out = fill_down(raw.map_err(|_| AllocFail::Oom { requested })?, value);
         self.commit(requested);
         Ok(out)
     }
 
     /// A slice filled from an exact-size iterator, in one pass.
-    pub(crate) fn alloc_iter<T: Pod + Send + Sync, I>(&self, iter: I) -> Result<&mut [T], AllocFail>
+    pub(crate) fn alloc_iter<T: Pod, I>(&self, iter: I) -> Result<&mut [T], AllocFail>
     where
         I: IntoIterator<Item = T>,
         I::IntoIter: ExactSizeIterator,
@@ -316,42 +295,17 @@ mod heap {
 /// 1.93, after the workspace's MSRV.
 #[allow(unsafe_code)]
 fn fill_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
-    write_down(out, value);
-    let (ptr, len) = (out.as_mut_ptr().cast::<T>(), out.len());
-    // SAFETY: `write_down` wrote all of `out` (its `rchunks_mut` covers it);
-    // `MaybeUninit<T>` has `T`'s layout; the slice reborrows `out` mutably, so nothing
-    // else reaches it.
-    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
-}
-
-/// [`fill_down`] split over `tasks` threads: one contiguous run of whole cache lines per
-/// thread, each written from its last line down. A scope's large values (a 4 MiB product,
-/// a gradient buffer) were otherwise zero-filled on the calling thread while the others
-/// waited: 3 of them per W1 step.
-#[allow(unsafe_code)]
-fn fill_down_par<T: Pod + Send + Sync>(out: &mut [MaybeUninit<T>], value: T, tasks: usize) -> &mut [T] {
-    let piece = out.len().div_ceil(tasks).next_multiple_of(per_line::<T>());
-    for_chunks(tasks, out, piece, &|_, run: &mut [MaybeUninit<T>]| write_down(run, value));
-    let (ptr, len) = (out.as_mut_ptr().cast::<T>(), out.len());
-    // SAFETY: `for_chunks` hands every element of `out` to exactly one call (its pieces
-    // partition the slice, `split_at_mut` by `split_at_mut`), and each call's
-    // `write_down` writes all of its piece; `MaybeUninit<T>` has `T`'s layout; the slice
-    // reborrows `out` mutably, and the pieces' borrows ended with `for_chunks`.
-    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
-}
-
-/// Elements of `T` per 64-byte cache line (at least 1).
-fn per_line<T>() -> usize {
-    (64 / std::mem::size_of::<T>().max(1)).max(1)
-}
-
-/// Writes `value` into every element of `out`, the last cache line first.
-fn write_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) {
-    for line in out.rchunks_mut(per_line::<T>()) {
+    const LINE: usize = 64;
+    let per_line = (LINE / std::mem::size_of::<T>().max(1)).max(1);
+    for line in out.rchunks_mut(per_line) {
         for e in line {
             e.write(value);
         }
     }
+    let (ptr, len) = (out.as_mut_ptr().cast::<T>(), out.len());
+    // SAFETY: the loop wrote all of `out` (`rchunks_mut` covers it); `MaybeUninit<T>` has
+    // `T`'s layout; the slice reborrows `out` mutably, so nothing else reaches it.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
 }
 
 /// Room for `used` bytes, plus alignment padding and slack.
@@ -419,28 +373,6 @@ mod tests {
         }
         // An iterator fill of a large slice goes through the same path.
         let it = a.alloc_iter((0..3000).map(|i| i as f32)).unwrap();
-        assert!(it.iter().enumerate().all(|(i, &v)| v == i as f32));
-    }
-
-    #[test]
-    fn parallel_fills_write_every_element() {
-        let mut a = Arena::new();
-        a.set_par(Par::rayon(3));
-        for _ in 0..2 {
-            a.alloc_fill::<f64>(400_000, 9.0).unwrap();
-            a.reset();
-        }
-        // At and past the threshold, lengths that split into pieces of whole lines and not.
-        for len in [MIN_PARALLEL, MIN_PARALLEL + 1, 40_001, 100_003] {
-            let f = a.alloc_fill::<f32>(len, 1.5).unwrap();
-            assert_eq!(f.len(), len);
-            assert!(f.iter().all(|&v| v == 1.5), "f32, {len} elements");
-            let z = a.alloc_zeroed::<f64>(len).unwrap();
-            assert!(z.iter().all(|&v| v.to_bits() == 0), "f64, {len} elements");
-            let b = a.alloc_fill::<[u8; 96]>(len, [7; 96]).unwrap();
-            assert!(b.iter().all(|e| e.iter().all(|&v| v == 7)), "96-byte elements, {len}");
-        }
-        let it = a.alloc_iter((0..50_000).map(|i| i as f32)).unwrap();
         assert!(it.iter().enumerate().all(|(i, &v)| v == i as f32));
     }
 

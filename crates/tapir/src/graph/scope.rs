@@ -218,8 +218,6 @@ impl<T: Float> Graph<T> {
         self.scratch.arena.get_mut().reset();
         let out = {
             let par = self.par();
-            self.arena.set_par(par);
-            self.scratch.arena.get_mut().set_par(par);
             let mut tape = Tape::from_spare(&mut self.spare);
             tape.nest = Some(Nest { scratch: &self.scratch, par, anomaly: self.anomaly });
             tape.step = self.steps;

@@ -16,6 +16,12 @@ use faer::{Accum, Mat, Par};
 use std::time::Instant;
 use tapir::Float;
 
+/// `a` (`m·k` elements) and `b` (`k·n`), filled with a fixed pattern.
+fn operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let fill = |len: usize, seed: usize| (0..len).map(|i| ((i * seed) % 1000) as f32 * 1e-3).collect();
+    (fill(m * k, 7919), fill(k * n, 104729))
+}
+
 fn time(f: &mut dyn FnMut()) -> f64 {
     let mut best = f64::MAX;
     for _ in 0..5 {
@@ -31,8 +37,7 @@ fn time(f: &mut dyn FnMut()) -> f64 {
 /// Medians of `Accum::Add` and `Accum::Replace`, alternated, per product.
 fn add_against_replace(shapes: &[(&str, usize, usize, usize, bool, bool, bool)], par: Par) {
     for &(name, m, k, n, a_t, b_t, _) in shapes {
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+        let (a, b) = operands(m, k, n);
         let mut c = vec![0.0f32; m * n];
         let (mut add, mut replace) = (Vec::new(), Vec::new());
         for rep in 0..40 {
@@ -57,8 +62,7 @@ fn add_against_replace(shapes: &[(&str, usize, usize, usize, bool, bool, bool)],
 /// each orientation goes (faer packs `op(a)` when the destination is column-major and
 /// `op(b)ᵀ` when it is row-major).
 fn one_product((name, m, k, n, a_t, b_t, _): (&str, usize, usize, usize, bool, bool, bool), col: bool, par: Par) {
-    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+    let (a, b) = operands(m, k, n);
     let mut c = vec![0.0f32; m * n];
     // Column-major operands with faer-direct's layout: `a` stored `k×m` (then transposed)
     // when `a_t`, `b` stored `n×k` when `b_t`.
@@ -87,8 +91,7 @@ fn one_product((name, m, k, n, a_t, b_t, _): (&str, usize, usize, usize, bool, b
 fn weight_layouts(par: Par) {
     let dims = [784usize, 1024, 1024, 10];
     let batch = 256;
-    let fill = |len: usize, seed: usize| -> Vec<f32> { (0..len).map(|i| ((i * seed) % 1000) as f32 * 1e-3).collect() };
-    // (name, m, k, n, a_t, b_t, accumulate, a len, b len) per product per layout.
+    // (name, [(m, k, n, a_t, b_t, accumulate); the two layouts]) per product.
     let mut prods: Vec<(String, [(usize, usize, usize, bool, bool, bool); 2])> = Vec::new();
     for l in 0..3 {
         let (i, o) = (dims[l], dims[l + 1]);
@@ -100,11 +103,15 @@ fn weight_layouts(par: Par) {
     }
     let mut times = vec![[Vec::new(), Vec::new()]; prods.len()];
     let mut sums = [Vec::new(), Vec::new()];
-    let bufs: Vec<[(Vec<f32>, Vec<f32>, Vec<f32>); 2]> = prods
+    let mut bufs: Vec<[(Vec<f32>, Vec<f32>, Vec<f32>); 2]> = prods
         .iter()
-        .map(|(_, shapes)| shapes.map(|(m, k, n, ..)| (fill(m * k, 7919), fill(k * n, 104729), vec![0.0f32; m * n])))
+        .map(|(_, shapes)| {
+            shapes.map(|(m, k, n, ..)| {
+                let (a, b) = operands(m, k, n);
+                (a, b, vec![0.0f32; m * n])
+            })
+        })
         .collect();
-    let mut bufs = bufs;
     for rep in 0..30 {
         for layout in [rep % 2, 1 - rep % 2] {
             let mut total = 0.0;
@@ -165,8 +172,7 @@ fn main() {
     }
     let (mut tt, mut tr, mut tf) = (0.0, 0.0, 0.0);
     for &(name, m, k, n, a_t, b_t, acc) in &shapes {
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 * 1e-3).collect();
+        let (a, b) = operands(m, k, n);
         let mut c = vec![0.0f32; m * n];
         let tapir = time(&mut || f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), acc, par));
         let tapir_rep = time(&mut || f32::gemm(&mut c, &a, a_t, &b, b_t, (m, k, n), false, par));

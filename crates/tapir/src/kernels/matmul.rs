@@ -312,11 +312,17 @@ pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T],
     }
 }
 
-/// Whether a first gradient of an operand with batch shape `own` can be written rather
-/// than added: every output item writes its own block (nothing is broadcast) and the
-/// product is not empty, so every element of the gradient is written once.
-fn writes_each_block_once(d: &MatMulDims, own: &Shape) -> bool {
-    d.m > 0 && d.k > 0 && d.n > 0 && *own == d.batch
+/// Whether the products into gradient `g` of an operand with batch shape `own` add
+/// (`Accum::Add`) rather than write. A first gradient (`first`: `g`'s elements are
+/// unspecified) is written when every output item writes its own block (nothing is
+/// broadcast) and the product is not empty, so every element is written once; otherwise
+/// `g` is zero-filled here and the products add into it.
+fn adds_into<T: Float>(d: &MatMulDims, own: &Shape, first: bool, g: &mut [T], par: Par) -> bool {
+    let add = !first || !(d.m > 0 && d.k > 0 && d.n > 0 && *own == d.batch);
+    if first && add {
+        super::par::fill(par, g, T::ZERO);
+    }
+    add
 }
 
 /// `da[ia] += dout[i] · op(b[ib])ᵀ` over the batch (transposed back if `a` is used
@@ -324,10 +330,7 @@ fn writes_each_block_once(d: &MatMulDims, own: &Shape) -> bool {
 /// unspecified and are overwritten (`=` instead of `+=`).
 pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], first: bool, par: Par) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
-    let add = !first || !writes_each_block_once(d, &d.a_batch);
-    if first && add {
-        super::par::fill(par, da, T::ZERO);
-    }
+    let add = adds_into(d, &d.a_batch, first, da, par);
     let item = |o: usize, ib: usize, g: &mut [T], par| {
         let (dout, b) = (&dout[o * m * n..(o + 1) * m * n], &b[ib * k * n..(ib + 1) * k * n]);
         if ta {
@@ -345,10 +348,7 @@ pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut
 /// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`); with `first`, as for [`backward_a`].
 pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], first: bool, par: Par) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
-    let add = !first || !writes_each_block_once(d, &d.b_batch);
-    if first && add {
-        super::par::fill(par, db, T::ZERO);
-    }
+    let add = adds_into(d, &d.b_batch, first, db, par);
     let item = |o: usize, ia: usize, g: &mut [T], par| {
         let (a, dout) = (&a[ia * m * k..(ia + 1) * m * k], &dout[o * m * n..(o + 1) * m * n]);
         if tb {

@@ -16,6 +16,11 @@ use faer::{Accum, Mat, Par};
 use std::time::Instant;
 use tapir::Float;
 
+/// A product as `f32::gemm` takes it: `(m, k, n, a_t, b_t, accumulate)`.
+type Call = (usize, usize, usize, bool, bool, bool);
+/// A product's `a`, `b` and destination.
+type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// `a` (`m·k` elements) and `b` (`k·n`), filled with a fixed pattern.
 fn operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
     let fill = |len: usize, seed: usize| (0..len).map(|i| ((i * seed) % 1000) as f32 * 1e-3).collect();
@@ -91,8 +96,8 @@ fn one_product((name, m, k, n, a_t, b_t, _): (&str, usize, usize, usize, bool, b
 fn weight_layouts(par: Par) {
     let dims = [784usize, 1024, 1024, 10];
     let batch = 256;
-    // (name, [(m, k, n, a_t, b_t, accumulate); the two layouts]) per product.
-    let mut prods: Vec<(String, [(usize, usize, usize, bool, bool, bool); 2])> = Vec::new();
+    // (name, the call in each layout) per product.
+    let mut prods: Vec<(String, [Call; 2])> = Vec::new();
     for l in 0..3 {
         let (i, o) = (dims[l], dims[l + 1]);
         prods.push((format!("fwd {l}"), [(batch, i, o, false, false, true), (batch, i, o, false, true, true)]));
@@ -103,7 +108,7 @@ fn weight_layouts(par: Par) {
     }
     let mut times = vec![[Vec::new(), Vec::new()]; prods.len()];
     let mut sums = [Vec::new(), Vec::new()];
-    let mut bufs: Vec<[(Vec<f32>, Vec<f32>, Vec<f32>); 2]> = prods
+    let mut bufs: Vec<[Buffers; 2]> = prods
         .iter()
         .map(|(_, shapes)| {
             shapes.map(|(m, k, n, ..)| {

@@ -318,7 +318,8 @@ pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T],
 /// broadcast) and the product is not empty, so every element is written once; otherwise
 /// `g` is zero-filled here and the products add into it.
 fn adds_into<T: Float>(d: &MatMulDims, own: &Shape, first: bool, g: &mut [T], par: Par) -> bool {
-    let add = !first || !(d.m > 0 && d.k > 0 && d.n > 0 && *own == d.batch);
+    let writes_all = d.m > 0 && d.k > 0 && d.n > 0 && *own == d.batch;
+    let add = !(first && writes_all);
     if first && add {
         super::par::fill(par, g, T::ZERO);
     }

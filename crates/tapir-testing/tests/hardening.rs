@@ -4,7 +4,7 @@
 //! panicked, hung, or succeeded where an error is due before the engine was fixed:
 //!
 //! ```text
-//! cargo test -p tapir-testing --test hardening
+//! cargo test -p tapir-testing --test suite hardening::
 //! ```
 
 use tapir_testing::program::{Dtype, Ending, Leaf, Program, ReduceOp, Step};

@@ -1,0 +1,20 @@
+//! The engine's integration tests as one binary: each file of this folder is a module
+//! (`cargo test -p tapir --test engine gradients::` runs one). One binary links and
+//! optimises the engine's generic code once instead of once per file; see the `[[test]]`
+//! entries in Cargo.toml for the tests that keep binaries of their own.
+
+mod adversarial_engine;
+mod adversarial_params;
+mod arena;
+mod attention;
+mod checkpoint;
+mod custom;
+mod deep;
+mod errors;
+mod gradients;
+mod hand_worked;
+mod names;
+mod nan;
+mod second_order;
+mod second_order_props;
+mod semantics;

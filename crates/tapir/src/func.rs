@@ -22,11 +22,12 @@
 //! | `jacobian` | one vjp per output element | `m` gradients (small outputs) |
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Scope, Var};
+use crate::graph::graph::Graph;
+use crate::record::handles::{Scope, Var};
 use crate::shape::{Shape, MAX_RANK};
 use crate::tensor::Tensor;
-use crate::Float;
 
 /// The gradient `∇f(x)` of a one-element `f`.
 ///

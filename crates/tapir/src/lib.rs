@@ -32,27 +32,44 @@
 // Two sites in `storage.rs` allow it, each with its `// SAFETY:` argument (docs/unsafe.md).
 #![deny(unsafe_code)]
 
+// The modules in layer order: each imports only its own layer and those above it in this
+// list (docs/architecture.md, invariant 1; checked by tapir-testing's `structure` test).
+// 0 vocabulary
 mod dtype;
 mod error;
-pub mod func;
-mod graph;
-mod kernels;
-mod ops;
-mod params;
-mod record;
 mod shape;
+mod threads;
+// 1 memory and math
+mod kernels;
+mod params;
 mod storage;
 mod tensor;
+// 2 the record
+mod tape;
+// 3 recording: handles, contexts, plug-in interfaces
+mod record;
+// 4 rules
+mod ops;
+// 5 the engine
+mod engine;
+// 6 the public API
+pub mod func;
+mod graph;
 pub mod testing;
-mod threads;
 
 pub use dtype::Float;
 pub use error::{Error, Loc, Result};
-pub use graph::{Graph, GraphStats, MemoryReport, NodeId, OpMemory, Scope, Var};
-pub use ops::{BinaryFn, Checkpoint, CustomError, CustomInputs, CustomOp, OpKind, UnaryFn};
+pub use graph::graph::{Graph, GraphStats};
+pub use graph::report::{MemoryReport, OpMemory};
+pub use kernels::binary_fn::BinaryFn;
+pub use kernels::unary_fn::UnaryFn;
 pub use params::{Grad, GradBuffer, GradMut, ParamId, ParamStore};
+pub use record::custom_op::{CustomError, CustomInputs};
+pub use record::handles::{Checkpoint, CustomOp, Scope, Var};
 pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
+pub use tape::id::NodeId;
+pub use tape::op::OpKind;
 pub use tensor::Tensor;
 pub use threads::{init_threads, pool_threads, MAX_THREADS};
 

@@ -5,10 +5,10 @@
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::dtype::Float;
 use crate::error::{Error, Loc, Result};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
-use crate::Float;
 
 /// A stable handle to a parameter of one [`ParamStore`]: the store's identity and the
 /// parameter's position in it (16 bytes, `Copy`). Using it with another store is an

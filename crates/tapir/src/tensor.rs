@@ -6,11 +6,11 @@ use std::panic::Location;
 use rand::{Rng, RngExt};
 use rand_distr::{Distribution, StandardNormal};
 
+use crate::dtype::Float;
 use crate::error::{try_vec, Error, Loc, Result};
 use crate::kernels;
 use crate::kernels::matmul::MatMulDims;
 use crate::shape::Shape;
-use crate::Float;
 
 /// An owned dense tensor.
 #[derive(Clone, PartialEq)]
@@ -490,7 +490,7 @@ impl<T: Float> Tensor<T> {
         if self.data.is_empty() {
             return Ok(out); // the sum of nothing: zeros, already in place
         }
-        kernels::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data);
+        kernels::reduce::sum_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data);
         Ok(out)
     }
 
@@ -513,13 +513,13 @@ impl<T: Float> Tensor<T> {
         if self.data.is_empty() {
             return Ok(out);
         }
-        kernels::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data, log);
+        kernels::reduce::softmax_axis(&self.data, self.shape.split_at_axis(ax), &mut out.data, log);
         Ok(out)
     }
 
     /// Sum of all elements.
     pub fn sum(&self) -> T {
-        kernels::sum(&self.data)
+        kernels::reduce::sum(&self.data)
     }
 
     /// Softmax along `axis`.

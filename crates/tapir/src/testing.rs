@@ -7,9 +7,10 @@
 
 use rand::{RngExt, SeedableRng};
 
-use crate::graph::{Graph, Scope, Var};
+use crate::error::Error;
+use crate::graph::graph::Graph;
+use crate::record::handles::{Scope, Var};
 use crate::tensor::Tensor;
-use crate::Error;
 
 /// Step and tolerances for [`gradcheck`].
 #[derive(Debug, Clone, Copy)]

@@ -1,16 +1,8 @@
-//! The tape, its scopes and the backward pass.
+//! Layer 6, the public API: [`Graph`](graph::Graph) and its scopes, the handles' accessors,
+//! and the memory report.
 
-pub(crate) mod backward;
-pub(crate) mod core;
-mod grad;
-pub(crate) mod id;
-mod report;
-mod scope;
-pub(crate) mod tape;
-pub(crate) use scope::{nested, with_slice, Scratch};
-mod var;
-
-pub use id::NodeId;
-pub use report::{MemoryReport, OpMemory};
-pub use scope::{Graph, GraphStats, Scope};
-pub use var::Var;
+#[allow(clippy::module_inception)] // the API's central type, in a file of its own
+pub(crate) mod graph;
+pub(crate) mod report;
+pub(crate) mod scope;
+pub(crate) mod var;

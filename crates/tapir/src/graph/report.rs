@@ -12,10 +12,10 @@
 
 use std::fmt;
 
-use crate::graph::Scope;
-use crate::ops::Op;
+use crate::dtype::Float;
+use crate::record::handles::Scope;
 use crate::storage::ArenaStats;
-use crate::Float;
+use crate::tape::op::Op;
 
 /// One op kind's share of a scope's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

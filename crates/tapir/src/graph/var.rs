@@ -1,29 +1,18 @@
-//! [`Var`]: a branded handle to one node of a scope, and what it can tell about the node.
+//! [`Var`]'s accessors: what a handle can tell about its node (shape, value, gradient).
 
 use std::panic::Location;
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::core::Core;
-use crate::graph::tape::NodeView;
-use crate::graph::NodeId;
-use crate::ops::Op;
-use crate::record::Rec;
+use crate::ops::matmul::relinear;
+use crate::record::core::take_held;
+use crate::record::ctx::Rec;
+use crate::record::handles::Var;
 use crate::shape::Shape;
+use crate::tape::id::NodeId;
+use crate::tape::op::Op;
+use crate::tape::tape::NodeView;
 use crate::tensor::Tensor;
-use crate::Float;
-
-/// A handle to a node of the scope `'s`: `Copy`, 16 bytes, usable with `+ - * /`.
-///
-/// Ops on handles never panic and never return `Result`: a caller's mistake (mismatched
-/// shapes, a bad axis, an index out of range, the arena limit) is recorded as the scope's
-/// first error, with the op, every shape and the caller's location, and every later op
-/// returns a poisoned handle. The error comes out of [`Scope::backward`](crate::Scope::backward),
-/// [`Var::value`], [`Var::item`] or [`Scope::check`](crate::Scope::check); see `docs/design.md` for why.
-#[derive(Clone, Copy)]
-pub struct Var<'s, T: Float = f32> {
-    pub(crate) core: &'s Core<'s, T>,
-    pub(crate) id: NodeId<'s>,
-}
 
 impl<T: Float> std::fmt::Debug for Var<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,13 +144,13 @@ impl<'s, T: Float> Var<'s, T> {
 fn settle<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par: faer::Par) -> Result<()> {
     r.tape.values_read.set(true);
     if r.tape.in_place.holds(id.raw()) {
-        crate::graph::core::take_held(r.tape, None);
+        take_held(r.tape, None);
     }
     if !r.tape.in_place.overwritten(id.raw()) {
         return Ok(());
     }
     if r.tape.in_place.speculate {
-        return crate::ops::matmul::relinear(r, id, par);
+        return relinear(r, id, par);
     }
     let shape = r.shape(id);
     Err(Error::InvalidArgument {

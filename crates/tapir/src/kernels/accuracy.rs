@@ -25,7 +25,7 @@
 use super::scalar::{
     erf_grad, gelu_erf, gelu_erf_grad_given, gelu_tanh, gelu_tanh_grad, sigmoid, silu, silu_grad, softplus,
 };
-use crate::Float;
+use crate::dtype::Float;
 
 /// One function under test: ours in `f32` and `f64`, and an independent `f64` reference.
 struct Case {

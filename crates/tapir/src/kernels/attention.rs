@@ -10,7 +10,7 @@
 use faer::Par;
 
 use super::{par, simd};
-use crate::Float;
+use crate::dtype::Float;
 
 /// `B` sequences of `T` positions, `H` heads of `D` elements (`C = H·D`).
 #[derive(Debug, Clone, Copy)]
@@ -108,11 +108,11 @@ pub(crate) fn weights<T: Float>(par: Par, dims: AttnDims, qkv: &[T], causal: boo
 /// `row ← softmax(scale · row)`, shifted by the row's maximum.
 #[inline(always)]
 fn softmax_in_place<T: Float>(row: &mut [T], scale: T) {
-    let m = super::max_lanes(row);
+    let m = super::reduce::max_lanes(row);
     for v in row.iter_mut() {
         *v = ((*v - m) * scale).exp();
     }
-    let inv = T::ONE / super::sum(row);
+    let inv = T::ONE / super::reduce::sum(row);
     for v in row.iter_mut() {
         *v *= inv;
     }
@@ -146,7 +146,7 @@ pub(crate) fn weights_backward<T: Float>(
             let at = b * h * t * t;
             let rows = p[at..at + dsb.len()].chunks_exact(t).zip(dp[at..at + dsb.len()].chunks_exact(t));
             for (o, (pr, dpr)) in dsb.chunks_exact_mut(t).zip(rows) {
-                let dot = super::sum(mul_rows(pr, dpr, o));
+                let dot = super::reduce::sum(mul_rows(pr, dpr, o));
                 for ((o, &pv), &dv) in o.iter_mut().zip(pr).zip(dpr) {
                     *o = scale * pv * (dv - dot);
                 }

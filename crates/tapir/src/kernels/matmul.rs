@@ -16,9 +16,9 @@
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
+use crate::dtype::Float;
 use crate::error::{Error, Loc};
 use crate::shape::Shape;
-use crate::Float;
 
 /// `dst (m×n) ← op(a)·op(b) (+ dst if accumulate)`, all row-major.
 #[allow(clippy::too_many_arguments)]

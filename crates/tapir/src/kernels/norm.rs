@@ -6,14 +6,14 @@
 use faer::Par;
 
 use super::{par, simd};
-use crate::Float;
+use crate::dtype::Float;
 
 /// The mean of a row and `1/√(σ² + eps)`, `σ²` by a second pass over `x − μ`.
 #[inline(always)]
 fn stats<T: Float>(row: &[T], eps: T) -> (T, T) {
     let n = T::from_usize(row.len());
-    let mean = super::sum_map(row, move |v| v) / n;
-    let var = super::sum_map(row, move |v| (v - mean) * (v - mean)) / n;
+    let mean = super::reduce::sum_map(row, move |v| v) / n;
+    let var = super::reduce::sum_map(row, move |v| (v - mean) * (v - mean)) / n;
     (mean, T::ONE / (var + eps).sqrt())
 }
 

@@ -19,8 +19,8 @@
 
 use faer::Par;
 
+use crate::dtype::Float;
 use crate::shape::Shape;
-use crate::Float;
 
 /// Ops on fewer elements run as one kernel call on the calling thread: below this, a
 /// fork-join (a few microseconds) costs more than the work it would share.
@@ -329,11 +329,11 @@ fn binary_grad_chunks<T: Float>(
 }
 
 /// Sum of all elements: above [`MIN_PARALLEL`], at most [`MAX_PARTIALS`] chunk sums (each
-/// by [`super::sum`]) added in chunk order.
+/// by [`super::reduce::sum`]) added in chunk order.
 #[inline]
 pub(crate) fn sum<T: Float>(par: Par, x: &[T]) -> T {
     if x.len() < MIN_PARALLEL {
-        super::sum(x)
+        super::reduce::sum(x)
     } else {
         sum_large(par, x)
     }
@@ -342,7 +342,7 @@ pub(crate) fn sum<T: Float>(par: Par, x: &[T]) -> T {
 #[inline(never)]
 fn sum_large<T: Float>(par: Par, x: &[T]) -> T {
     let chunk = x.len().div_ceil(MAX_PARTIALS).next_multiple_of(64).max(CHUNK);
-    sum_chunks(par, x.len(), chunk, &|s, e| super::sum(&x[s..e]))
+    sum_chunks(par, x.len(), chunk, &|s, e| super::reduce::sum(&x[s..e]))
 }
 
 /// `Σ_i part(start_i, end_i)` over chunks `[start_i, end_i)` of `0..len` of `chunk`
@@ -390,15 +390,15 @@ fn outer_blocks<T: Float>(
     });
 }
 
-/// `out[o, i] = Σ_l x[o, l, i]` (see [`super::sum_axis`]); every output element sums its
+/// `out[o, i] = Σ_l x[o, l, i]` (see [`super::reduce::sum_axis`]); every output element sums its
 /// `len` inputs in order, on whichever thread, so the split does not change the bits.
 pub(crate) fn sum_axis<T: Float>(par: Par, x: &[T], dims: (usize, usize, usize), out: &mut [T]) {
     let (outer, len, inner) = dims;
     if x.len() < MIN_PARALLEL {
-        return super::sum_axis(x, dims, out);
+        return super::reduce::sum_axis(x, dims, out);
     }
     if outer >= 2 {
-        outer_blocks(par, x, dims, out, inner, &|n, xp, op| super::sum_axis(xp, (n, len, inner), op));
+        outer_blocks(par, x, dims, out, inner, &|n, xp, op| super::reduce::sum_axis(xp, (n, len, inner), op));
         return;
     }
     // Few outer blocks (a bias gradient: outer = 1): split the columns.
@@ -412,35 +412,35 @@ pub(crate) fn sum_axis<T: Float>(par: Par, x: &[T], dims: (usize, usize, usize),
     }
 }
 
-/// `dx[o, l, i] += dout[o, i]` (see [`super::sum_axis_grad`]).
+/// `dx[o, l, i] += dout[o, i]` (see [`super::reduce::sum_axis_grad`]).
 pub(crate) fn sum_axis_grad<T: Float>(par: Par, dout: &[T], dims: (usize, usize, usize), dx: &mut [T]) {
     let (_, len, inner) = dims;
     if dx.len() < MIN_PARALLEL || len * inner == 0 {
-        return super::sum_axis_grad(dout, dims, dx);
+        return super::reduce::sum_axis_grad(dout, dims, dx);
     }
     let per = row_chunk(len * inner);
     for_chunks(threads(par), dx, per * len * inner, &|s, d: &mut [T]| {
         let (o0, n) = (s / (len * inner), d.len() / (len * inner));
-        super::sum_axis_grad(&dout[o0 * inner..(o0 + n) * inner], (n, len, inner), d);
+        super::reduce::sum_axis_grad(&dout[o0 * inner..(o0 + n) * inner], (n, len, inner), d);
     });
 }
 
-/// Softmax (or log-softmax) along the axis (see [`super::softmax_axis`]), split over the
+/// Softmax (or log-softmax) along the axis (see [`super::reduce::softmax_axis`]), split over the
 /// outer dimension; each row is computed whole by one call, so the split does not change
 /// the bits. With a single outer block it runs on the calling thread.
 pub(crate) fn softmax_axis<T: Float>(par: Par, x: &[T], dims: (usize, usize, usize), out: &mut [T], log: bool) {
     let (outer, len, inner) = dims;
     if x.len() < MIN_PARALLEL || outer < 2 {
-        return super::softmax_axis(x, dims, out, log);
+        return super::reduce::softmax_axis(x, dims, out, log);
     }
     let per = row_chunk(len * inner);
     for_chunks(threads(par), out, per * len * inner, &|s, o: &mut [T]| {
         let n = o.len() / (len * inner);
-        super::softmax_axis(&x[s..s + o.len()], (n, len, inner), o, log);
+        super::reduce::softmax_axis(&x[s..s + o.len()], (n, len, inner), o, log);
     });
 }
 
-/// The gradient of [`softmax_axis`] (see [`super::softmax_axis_grad`]), split the same way.
+/// The gradient of [`softmax_axis`] (see [`super::reduce::softmax_axis_grad`]), split the same way.
 pub(crate) fn softmax_axis_grad<T: Float>(
     par: Par,
     dy: &[T],
@@ -451,13 +451,13 @@ pub(crate) fn softmax_axis_grad<T: Float>(
 ) {
     let (outer, len, inner) = dims;
     if dx.len() < MIN_PARALLEL || outer < 2 {
-        return super::softmax_axis_grad(dy, y, dims, dx, log);
+        return super::reduce::softmax_axis_grad(dy, y, dims, dx, log);
     }
     let per = row_chunk(len * inner);
     for_chunks(threads(par), dx, per * len * inner, &|s, d: &mut [T]| {
         let e = s + d.len();
         let n = d.len() / (len * inner);
-        super::softmax_axis_grad(&dy[s..e], &y[s..e], (n, len, inner), d, log);
+        super::reduce::softmax_axis_grad(&dy[s..e], &y[s..e], (n, len, inner), d, log);
     });
 }
 

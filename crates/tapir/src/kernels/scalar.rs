@@ -1,7 +1,7 @@
 //! Scalar math shared by the recorded ops ([`UnaryFn`](crate::UnaryFn)'s table), the eager
 //! [`Tensor`](crate::Tensor) methods and the losses: one formula per function.
 
-use crate::Float;
+use crate::dtype::Float;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;

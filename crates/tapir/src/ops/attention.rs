@@ -22,13 +22,14 @@
 //! recorded ops (head split by `narrow`/`reshape`/`permute`, `matmul`, and `pad_axis` back
 //! into the `qkv` layout), so that both nodes can be differentiated again.
 
+use crate::dtype::Float;
 use crate::error::Result;
-use crate::graph::{NodeId, Var};
 use crate::kernels::attention::{self as kattn, AttnDims};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx};
+use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::handles::Var;
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 /// The attention dimensions of a packed `qkv` shape for `heads` heads, if it is one:
 /// rank 3, last dimension `3C` with `C` a positive multiple of `heads`.

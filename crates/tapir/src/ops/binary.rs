@@ -23,92 +23,16 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::{NodeId, Var};
+use crate::kernels::binary_fn::BinaryFn;
 use crate::kernels::{self, par, PairMap};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 use faer::Par;
-
-macro_rules! binary_fns {
-    ($(
-        $(#[$doc:meta])*
-        $f:ident $name:literal: |$a:ident, $b:ident| $forward:expr,
-            da |$ga:ident, $xa:ident, $ya:ident| $da:expr,
-            db |$gb:ident, $xb:ident, $yb:ident| $db:expr;
-    )*) => {
-        /// An elementwise binary function with broadcasting: the kind of `a + b`,
-        /// [`pow`](Var::pow), [`maximum`](Var::maximum), ...
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum BinaryFn {
-            $($(#[$doc])* $f,)*
-        }
-
-        impl BinaryFn {
-            /// Every function, in table order.
-            pub const ALL: &'static [BinaryFn] = &[$(BinaryFn::$f),*];
-
-            /// The name of the method (or operator's method) that records it.
-            #[inline]
-            pub const fn name(self) -> &'static str {
-                match self {
-                    $(BinaryFn::$f => $name,)*
-                }
-            }
-
-            /// Hands `m` the function's scalar forward formula.
-            #[inline]
-            pub(crate) fn forward<T: Float, M: PairMap<T>>(self, m: M) -> M::Out {
-                match self {
-                    $(BinaryFn::$f => m.map(|$a: T, $b: T| $forward),)*
-                }
-            }
-
-            /// `da += g(dout, a, b)`, summed over `a`'s broadcast dimensions.
-            #[inline]
-            fn grad_a<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
-                match self {
-                    $(BinaryFn::$f => par::binary_grad(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
-                }
-            }
-
-            /// `db += g(dout, a, b)`, summed over `b`'s broadcast dimensions.
-            #[inline]
-            fn grad_b<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
-                // `binary_grad` sums into its second operand, so `b` goes there.
-                match self {
-                    $(BinaryFn::$f => par::binary_grad(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
-                }
-            }
-        }
-    };
-}
-
-binary_fns! {
-    /// `a + b`.
-    Add "add": |a, b| a + b, da |d, _a, _b| d, db |d, _a, _b| d;
-    /// `a - b`.
-    Sub "sub": |a, b| a - b, da |d, _a, _b| d, db |d, _a, _b| -d;
-    /// `a ⊙ b`.
-    Mul "mul": |a, b| a * b, da |d, _a, b| d * b, db |d, a, _b| d * a;
-    /// `a / b`.
-    Div "div": |a, b| a / b, da |d, _a, b| d / b, db |d, a, b| -d * a / (b * b);
-    /// `a ^ b`.
-    Pow "pow": |a, b| a.powf(b),
-        da |d, a, b| if b == T::ZERO { T::ZERO } else { d * b * a.powf(b - T::ONE) },
-        db |d, a, b| if a > T::ZERO { d * a.powf(b) * ln_outlined(a) } else { T::ZERO };
-    /// The larger of `a` and `b`; NaN if either is.
-    Maximum "maximum": |a, b| if a.is_nan() || a > b { a } else { b },
-        da |d, a, b| if a == b { d * T::from_f64(0.5) } else if a < b { T::ZERO } else { d },
-        db |d, a, b| if a == b { d * T::from_f64(0.5) } else if a > b { T::ZERO } else { d };
-    /// The smaller of `a` and `b`; NaN if either is.
-    Minimum "minimum": |a, b| if a.is_nan() || a < b { a } else { b },
-        da |d, a, b| if a == b { d * T::from_f64(0.5) } else if a > b { T::ZERO } else { d },
-        db |d, a, b| if a == b { d * T::from_f64(0.5) } else if a < b { T::ZERO } else { d };
-}
 
 /// Recording: equal shapes fill the output in one pass; broadcasting goes through the
 /// broadcast kernel.
@@ -415,12 +339,4 @@ pub(crate) fn grad<'s, T: Float>(
         }
     }
     Ok(())
-}
-
-/// `ln x` as a call: `pow`'s gradient loop calls libm's `powf` anyway and does not
-/// vectorise, and inlining the `ln` polynomial there would grow the walk's dispatcher
-/// (shape-`[1]` backward of every op pays for its size).
-#[inline(never)]
-fn ln_outlined<T: Float>(x: T) -> T {
-    x.ln()
 }

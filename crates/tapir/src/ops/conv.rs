@@ -31,11 +31,12 @@
 use crate::error::{Error, Result};
 use std::ops::Range;
 
-use crate::graph::{NodeId, Var};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
+use crate::dtype::Float;
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 /// The geometry of a sliding window over `[n, c, h, w]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

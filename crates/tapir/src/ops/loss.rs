@@ -7,14 +7,16 @@
 //!   `dx += dout/n · (σ(x) − y)`, `dy += dout/n · (−x)`.
 //! - `mse_loss(a, b)`: `mean((a − b)²)`, composed from `sub`, `square` and `mean`.
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::{NodeId, Var};
+use crate::kernels::reduce::row_lse;
 use crate::kernels::scalar::{sigmoid, softplus};
-use crate::kernels::{par, row_lse, simd};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
+use crate::kernels::{par, simd};
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 /// Checks `x` is `[N, C]` and every label is below `C`; stores the labels; returns `(N, C, at)`.
 fn labels_for<T: Float>(r: &mut Rec<'_, '_, T>, shape: Shape, labels: &[usize]) -> Result<(usize, usize, u32)> {

@@ -21,13 +21,14 @@
 //! transposed view, so no `permute` copy is recorded (for W7's Hessian-vector product
 //! those copies were 4 MB transposes of the weights, several per call).
 
+use crate::dtype::Float;
 use crate::error::Result;
-use crate::graph::{NodeId, Var};
 use crate::kernels;
 use crate::kernels::matmul::{self as kmatmul, MatMulDims};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
-use crate::Float;
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 use faer::Par;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -104,7 +105,7 @@ fn linear_into<T: Float>(out: &mut [T], x: &[T], w: &[T], b: &[T], (k, n): (usiz
 
 /// Computes the value of `linear` node `id` again from its inputs into a fresh buffer
 /// and makes it the node's value: for a read of a value that a checkpointed block's
-/// forward overwrote in place (see [`InPlace`](crate::graph::tape::InPlace)).
+/// forward overwrote in place (see [`InPlace`](crate::tape::in_place::InPlace)).
 pub(crate) fn relinear<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par: Par) -> Result<()> {
     let Op::Linear { x, w, b } = r.node(id).op else {
         unreachable!("only linear outputs are overwritten in place");

@@ -16,12 +16,13 @@
 //! `x̂` and `r` recomputed from `x` by that composition, so that it can be differentiated
 //! again.
 
+use crate::dtype::Float;
 use crate::error::Result;
-use crate::graph::{NodeId, Var};
 use crate::kernels::norm;
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx};
-use crate::Float;
+use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::handles::Var;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 impl<'s, T: Float> Var<'s, T> {
     /// Layer normalisation over the last axis: `(self − μ)/√(σ² + eps) ⊙ w + b`, with `μ`

@@ -9,13 +9,14 @@
 //! Composites (gradients from the primitives): multi-axis reductions are one primitive
 //! per axis; `mean = sum / n`; `var = Σ (x − mean)² / (n − correction)`.
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::{NodeId, Var};
 use crate::kernels::{self, par};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx};
+use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::handles::Var;
 use crate::shape::{resolve_axis, Shape, MAX_RANK};
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 impl<'s, T: Float> Var<'s, T> {
     /// Sum of all elements (shape `[]`).
@@ -65,9 +66,9 @@ impl<'s, T: Float> Var<'s, T> {
                 let x = r.value(self.id);
                 match kind {
                     Op::SumAxis { .. } => par::sum_axis(self.core.par, x, dims, out),
-                    Op::MaxAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v > best || v.is_nan()),
-                    Op::MinAxis { .. } => kernels::select_axis(x, dims, out, |v, best| v < best || v.is_nan()),
-                    _ => kernels::logsumexp_axis(x, dims, out),
+                    Op::MaxAxis { .. } => kernels::reduce::select_axis(x, dims, out, |v, best| v > best || v.is_nan()),
+                    Op::MinAxis { .. } => kernels::reduce::select_axis(x, dims, out, |v, best| v < best || v.is_nan()),
+                    _ => kernels::reduce::logsumexp_axis(x, dims, out),
                 }
             }
             Ok((kind, out_shape, out))
@@ -249,7 +250,7 @@ pub(crate) fn backward_select_axis<'s, T: Float>(
     let dims = ctx.shape(x).split_at_axis(axis as usize);
     let (xv, yv) = (ctx.value(x), ctx.value(out));
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        kernels::select_axis_grad(dout, xv, yv, dims, dx);
+        kernels::reduce::select_axis_grad(dout, xv, yv, dims, dx);
     }
     Ok(())
 }

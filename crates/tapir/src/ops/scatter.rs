@@ -9,13 +9,14 @@
 //!   `out[.., idx[j], ..] += x[.., j, ..]` (repeated indices add up). Backward:
 //!   `dx[.., j, ..] += dout[.., idx[j], ..]`.
 
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::graph::{NodeId, Var};
 use crate::kernels;
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 /// `shape` with dimension `ax` set to `len`, or the error naming `r`'s op.
 fn with_len<T: Float>(r: &Rec<'_, '_, T>, shape: Shape, ax: usize, len: usize) -> Result<Shape> {

@@ -6,12 +6,13 @@
 //! log-softmax `dx += dy − exp(y) Σ dy`. Both are primitives rather than compositions
 //! of `exp`, `sum` and `div`, which would overflow for large inputs.
 
+use crate::dtype::Float;
 use crate::error::Result;
-use crate::graph::{NodeId, Var};
 use crate::kernels::par;
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx};
-use crate::Float;
+use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::handles::Var;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
 
 impl<'s, T: Float> Var<'s, T> {
     #[track_caller]

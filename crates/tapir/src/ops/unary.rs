@@ -40,183 +40,16 @@
 //! maps NaN to NaN. The `match` on the function runs once per op, outside the element
 //! loop, so each function keeps its own (vectorisable) inner loop.
 
-use crate::error::Result;
-use crate::graph::tape::Tape;
-use crate::graph::{NodeId, Var};
-use crate::kernels::scalar::{
-    erf_grad, gelu_erf, gelu_erf_grad_given, gelu_tanh, gelu_tanh_grad, relu, sigmoid, sign, silu, silu_grad, softplus,
-};
+use crate::dtype::Float;
+use crate::error::{Error, Result};
+use crate::kernels::unary_fn::UnaryFn;
 use crate::kernels::{self, par, ElementMap, GradMap};
-use crate::ops::{Op, OpKind};
-use crate::record::{BackwardCtx, GradCtx, Rec};
-use crate::Float;
+use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::handles::Var;
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
+use crate::tape::tape::Tape;
 use faer::Par;
-
-/// A table row's derivative: `d |x, y, c| f'` in general, or `dconst |_, _, c| f'` for a
-/// derivative that does not depend on `x` (backward is then `dx += f'·dout`, which reads
-/// neither the input nor the output), or `dlong` for a long formula (an `exp` inside): its
-/// loop runs out of line and under SIMD dispatch, so that the walk's dispatcher, into
-/// which the other rows inline, stays small (shape-`[1]` backward of every op pays for its
-/// size: 5% when every loop was inline, W3 under callgrind).
-macro_rules! derivative {
-    (d, $m:ident, |$x:ident, $y:ident| $e:expr) => {
-        $m.map(move |$x: T, $y: T| $e)
-    };
-    (dconst, $m:ident, |$x:ident, $y:ident| $e:expr) => {
-        $m.scale($e)
-    };
-    (dlong, $m:ident, |$x:ident, $y:ident| $e:expr) => {
-        $m.map_long(
-            #[inline(always)]
-            move |$x: T, $y: T| $e,
-        )
-    };
-}
-
-/// A table row's forward formula: `f |x, c| y` in general, `flong |x, c| y` for a long
-/// formula (a polynomial inside): its loop runs out of line, as slices under SIMD dispatch
-/// with the formula forced inline, so that it vectorises and recording short tensors of
-/// the other functions stays lean.
-macro_rules! forward {
-    (f, $m:ident, |$x:ident| $e:expr) => {
-        $m.map(move |$x: T| $e)
-    };
-    (flong, $m:ident, |$x:ident| $e:expr) => {
-        $m.map_long(
-            #[inline(always)]
-            move |$x: T| $e,
-        )
-    };
-}
-
-macro_rules! unary_fns {
-    ($(
-        $(#[$doc:meta])*
-        $f:ident $name:literal: $fk:ident |$x:ident, $c:ident| $forward:expr, $d:ident |$dx:ident, $dy:ident, $dc:ident| $derivative:expr;
-    )*) => {
-        /// An elementwise unary function: the kind of a [`Var`] method such as
-        /// [`exp`](Var::exp) or [`clamp`](Var::clamp). Its [`name`](UnaryFn::name) is the method's.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        #[repr(u8)]
-        pub enum UnaryFn {
-            $($(#[$doc])* $f,)*
-        }
-
-        impl UnaryFn {
-            /// Every function, in table order.
-            pub const ALL: &'static [UnaryFn] = &[$(UnaryFn::$f),*];
-
-            /// The function whose discriminant is `code` (a `const` generic argument of
-            /// the recording method, so that each method's `match` folds away).
-            const fn from_code(code: u8) -> UnaryFn {
-                $(if code == UnaryFn::$f as u8 {
-                    return UnaryFn::$f;
-                })*
-                panic!("a code made from a UnaryFn")
-            }
-
-            /// The name of the method that records it.
-            #[inline]
-            pub const fn name(self) -> &'static str {
-                match self {
-                    $(UnaryFn::$f => $name,)*
-                }
-            }
-
-            /// Hands `m` the function's scalar forward formula, with scalar arguments `c`.
-            #[inline]
-            pub(crate) fn forward<T: Float, M: ElementMap<T>>(self, c: [T; 2], m: M) -> M::Out {
-                match self {
-                    $(UnaryFn::$f => {
-                        let $c = c;
-                        forward!($fk, m, |$x| $forward)
-                    })*
-                }
-            }
-
-            /// Hands `m` the derivative `f'(x)` as a function of `x` and `y = f(x)`.
-            #[inline]
-            pub(crate) fn derivative<T: Float, M: GradMap<T>>(self, c: [T; 2], m: M) -> M::Out {
-                match self {
-                    $(UnaryFn::$f => {
-                        let $dc = c;
-                        derivative!($d, m, |$dx, $dy| $derivative)
-                    })*
-                }
-            }
-        }
-    };
-}
-
-unary_fns! {
-    /// `-x`.
-    Neg "neg": f |x, _c| -x, dconst |_x, _y, _c| -T::ONE;
-    /// `x + c`.
-    AddScalar "add_scalar": f |x, c| x + c[0], dconst |_x, _y, _c| T::ONE;
-    /// `c·x`.
-    MulScalar "mul_scalar": f |x, c| x * c[0], dconst |_x, _y, c| c[0];
-    /// `x^p`.
-    Powf "powf": f |x, c| x.powf(c[0]),
-        d |x, _y, c| if c[0] == T::ZERO { T::ZERO } else { c[0] * x.powf(c[0] - T::ONE) };
-    /// `eˣ`.
-    Exp "exp": f |x, _c| x.exp(), d |_x, y, _c| y;
-    /// `ln x`.
-    Log "log": f |x, _c| x.ln(), d |x, _y, _c| T::ONE / x;
-    /// `ln(1 + x)`.
-    Log1p "log1p": f |x, _c| x.ln_1p(), d |x, _y, _c| T::ONE / (T::ONE + x);
-    /// `eˣ − 1`.
-    Expm1 "expm1": f |x, _c| x.exp_m1(), d |_x, y, _c| y + T::ONE;
-    /// `√x`.
-    Sqrt "sqrt": f |x, _c| x.sqrt(), d |_x, y, _c| T::from_f64(0.5) / y;
-    /// `1/√x`.
-    Rsqrt "rsqrt": f |x, _c| T::ONE / x.sqrt(), d |_x, y, _c| T::from_f64(-0.5) * y * y * y;
-    /// `x²`.
-    Square "square": f |x, _c| x * x, d |x, _y, _c| x + x;
-    /// `1/x`.
-    Recip "recip": f |x, _c| T::ONE / x, d |_x, y, _c| -(y * y);
-    /// `|x|`.
-    Abs "abs": f |x, _c| x.abs(), d |x, _y, _c| sign(x);
-    /// `sin x`.
-    Sin "sin": f |x, _c| x.sin(), d |x, _y, _c| x.cos();
-    /// `cos x`.
-    Cos "cos": f |x, _c| x.cos(), d |x, _y, _c| -x.sin();
-    /// `tanh x`.
-    Tanh "tanh": f |x, _c| x.tanh(), d |_x, y, _c| T::ONE - y * y;
-    /// `atan x`.
-    Atan "atan": f |x, _c| x.atan(), d |x, _y, _c| T::ONE / (T::ONE + x * x);
-    /// The error function.
-    Erf "erf": flong |x, _c| x.erf(), dlong |x, _y, _c| erf_grad(x);
-    /// `1/(1+e⁻ˣ)`.
-    Sigmoid "sigmoid": f |x, _c| sigmoid(x), d |_x, y, _c| y * (T::ONE - y);
-    /// `max(x, 0)`.
-    Relu "relu": f |x, _c| relu(x), d |_x, y, _c| if y <= T::ZERO { T::ZERO } else { T::ONE };
-    /// `x` for `x > 0`, else `c·x`.
-    LeakyRelu "leaky_relu": f |x, c| if x > T::ZERO { x } else { c[0] * x },
-        d |x, _y, c| if x > T::ZERO { T::ONE } else { c[0] };
-    /// `x·Φ(x)`.
-    Gelu "gelu": flong |x, _c| gelu_erf(x), dlong |x, y, _c| gelu_erf_grad_given(x, y);
-    /// GELU with the tanh approximation.
-    GeluTanh "gelu_tanh": flong |x, _c| gelu_tanh(x), dlong |x, _y, _c| gelu_tanh_grad(x);
-    /// `ln(1 + eˣ)`.
-    Softplus "softplus": flong |x, _c| softplus(x), dlong |x, _y, _c| sigmoid(x);
-    /// `x·σ(x)`.
-    Silu "silu": flong |x, _c| silu(x), dlong |x, _y, _c| silu_grad(x);
-    /// `min(max(x, lo), hi)` with `c = [lo, hi]`.
-    Clamp "clamp": f |x, c| if x < c[0] { c[0] } else if x > c[1] { c[1] } else { x },
-        d |x, _y, c| if x >= c[0] && x <= c[1] { T::ONE } else { T::ZERO };
-}
-
-impl UnaryFn {
-    /// Whether backward reads only the output (or nothing): then the op may overwrite its
-    /// input in place, where nothing else reads the input (a checkpoint's recomputation
-    /// knows; see `ops/checkpoint.rs`). The test `in_place_derivatives_ignore_the_input`
-    /// checks this list against the derivative table.
-    pub(crate) const fn reads_only_output(self) -> bool {
-        use UnaryFn::*;
-        matches!(self, Neg | AddScalar | MulScalar | Exp | Expm1 | Sqrt | Rsqrt | Recip | Tanh | Sigmoid | Relu)
-    }
-}
 
 /// Recording: the output filled from the input in one pass, straight into the arena; a
 /// large input is split over the graph's threads (see [`par`]).
@@ -263,7 +96,7 @@ fn record_long<'s, T: Float>(r: &Rec<'_, 's, T>, x: &[T], f: impl Fn(T) -> T) ->
 }
 
 /// Recording over the input's own buffer, which a checkpoint's recomputation handed over
-/// (see [`Core::record_reading`](crate::graph::core::Core::record_reading)).
+/// (see [`Core::record_reading`](crate::record::core::Core::record_reading)).
 struct InPlaceMap<'s, T> {
     buf: &'s mut [T],
     par: Par,
@@ -514,7 +347,7 @@ impl<'s, T: Float> Var<'s, T> {
         if !(lo <= hi) {
             let location = std::panic::Location::caller();
             let shape = self.shape();
-            return self.core.fail_as(UnaryFn::Clamp.name(), |op| crate::Error::InvalidArgument {
+            return self.core.fail_as(UnaryFn::Clamp.name(), |op| Error::InvalidArgument {
                 op,
                 detail: format!("bounds lo = {lo} and hi = {hi} need lo <= hi (input shape {shape})"),
                 location,

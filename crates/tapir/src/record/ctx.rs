@@ -4,23 +4,21 @@
 
 use faer::Par;
 
+use crate::dtype::Float;
 use crate::error::{Error, Loc, Result};
-use crate::graph::backward::Lent;
-use crate::graph::core::Core;
-use crate::graph::id::NodeMap;
-use crate::graph::tape::{NodeView, Slot, Tape};
-use crate::graph::{NodeId, Var};
-use crate::ops::checkpoint::Replay;
-use crate::ops::custom::{CustomEntry, CustomScratch};
-use crate::ops::Op;
+use crate::record::checkpoint::Replay;
+use crate::record::custom_op::CustomScratch;
+use crate::record::handles::{Core, CustomEntry, Lent, Slot, State, Var};
 use crate::shape::{resolve_axis, Shape};
 use crate::storage::{AllocFail, Arena};
-use crate::Float;
+use crate::tape::id::{NodeId, NodeMap};
+use crate::tape::op::Op;
+use crate::tape::tape::{NodeView, Tape};
 
 /// What an op's recording closure sees: the tape so far, the arena, and the name and
 /// location that errors report (the method the caller called, and the caller's line).
 pub(crate) struct Rec<'a, 's, T> {
-    pub(crate) tape: &'a mut Tape<'s, T>,
+    pub(crate) tape: &'a mut State<'s, T>,
     pub(crate) arena: &'s Arena,
     pub op: &'static str,
     pub location: Loc,
@@ -62,7 +60,7 @@ impl<'s, T: Float> Rec<'_, 's, T> {
     /// The value of the node being recorded, `out`, as the node keeps it: `out` itself,
     /// or, where a checkpoint's recomputation showed that the next node overwrites it in
     /// place, an empty value while `out` is held back for that node (see
-    /// [`InPlace`](crate::graph::tape::InPlace)).
+    /// [`InPlace`](crate::tape::in_place::InPlace)).
     #[inline]
     pub fn hold_for_reader(&mut self, out: &'s mut [T]) -> &'s [T] {
         let pos = self.tape.nodes.len();
@@ -77,7 +75,7 @@ impl<'s, T: Float> Rec<'_, 's, T> {
     }
 
     /// Makes `buf`, handed to an in-place op by
-    /// [`Core::record_reading`](crate::graph::core::Core::record_reading) and now holding
+    /// [`Core::record_reading`](crate::record::core::Core::record_reading) and now holding
     /// that op's output, the value of its producer `x` too, and returns it.
     pub fn overwrite(&mut self, x: NodeId<'s>, buf: &'s mut [T]) -> &'s [T] {
         let buf: &'s [T] = buf;
@@ -171,7 +169,7 @@ pub(crate) fn alloc_error(e: AllocFail, op: &'static str, location: Loc) -> Erro
 
 /// What an op's backward function sees.
 pub(crate) struct BackwardCtx<'a, 's, T> {
-    pub(crate) tape: &'a Tape<'s, T>,
+    pub(crate) tape: &'a State<'s, T>,
     pub(crate) grads: &'a mut NodeMap<'s, Option<&'s mut [T]>>,
     pub(crate) arena: &'s Arena,
     /// The custom-op scratch lists, out of the tape for the pass (the walk reads the
@@ -217,7 +215,7 @@ fn reuse<'s, T: Float>(
 #[inline]
 fn take_spare<'s, T: Float>(
     spare: &mut Option<&mut Vec<&'s mut [T]>>,
-    tape: &Tape<'s, T>,
+    tape: &State<'s, T>,
     input: NodeId<'s>,
     n: usize,
     par: Par,
@@ -353,7 +351,7 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
     }
 }
 
-/// What an op's recorded derivative sees (see `graph/grad.rs`): the scope's core, through
+/// What an op's recorded derivative sees (see `engine/grad.rs`): the scope's core, through
 /// which it records the derivative with the ordinary op methods, and the side table of
 /// gradient handles it adds its inputs' contributions to.
 ///
@@ -368,47 +366,6 @@ pub(crate) struct GradCtx<'a, 's, T: Float> {
 }
 
 impl<'s, T: Float> GradCtx<'_, 's, T> {
-    /// Marks the nodes of `ids` (in tape order) that the walk differentiates through:
-    /// those that require a gradient and are marked already (the inputs asked for) or read
-    /// a marked node.
-    pub(crate) fn mark(&mut self, ids: impl Iterator<Item = NodeId<'s>>) {
-        let tape = self.core.tape.borrow();
-        for id in ids {
-            let node = &tape.nodes[id.index()];
-            if !node.requires_grad {
-                self.slots[id].needed = false;
-                continue;
-            }
-            if !self.slots[id].needed {
-                let mut any = false;
-                tape.for_each_input(&node.op, |i| any |= self.slots[i].needed);
-                self.slots[id].needed = any;
-            }
-        }
-    }
-
-    /// The reverse walk over `ids` (given in tape order): each marked node with a gradient
-    /// records its derivative, adding its inputs' contributions to their slots. Stops at
-    /// the first recording error, which the scope keeps.
-    #[track_caller]
-    pub(crate) fn walk_back(&mut self, ids: impl DoubleEndedIterator<Item = NodeId<'s>>) -> Result<()> {
-        for id in ids.rev() {
-            let (op, slot) = (self.core.tape.borrow().nodes[id.index()].op, self.slots[id]);
-            let Some(g) = slot.grad.filter(|_| slot.needed) else { continue };
-            if matches!(op, Op::Leaf | Op::Variable | Op::Param(_)) {
-                // No inputs: nothing to record (and a pending broadcast stays small).
-                continue;
-            }
-            let g = Var { core: self.core, id: g };
-            let g = if slot.bcast { self.expand(op, id, g) } else { g };
-            op.grad(self, id, g)?;
-            if self.core.tape.borrow().error.is_some() {
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
     /// A handle to node `id`.
     #[inline]
     pub fn var(&self, id: NodeId<'s>) -> Var<'s, T> {
@@ -419,59 +376,6 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
     #[inline]
     pub fn wants(&self, id: NodeId<'s>) -> bool {
         self.slots[id].needed
-    }
-
-    /// Adds `g` (of `id`'s shape) to `id`'s gradient.
-    #[track_caller]
-    pub fn add(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
-        let slot = &mut self.slots[id];
-        // A pending broadcast (`add_broadcast`) is added by broadcasting: `prev + g` has
-        // `g`'s shape, and the broadcast is never materialised.
-        slot.grad = Some(match slot.grad {
-            None => g.id,
-            Some(prev) => (Var { core: self.core, id: prev } + g).id,
-        });
-        slot.bcast = false;
-    }
-
-    /// Adds `g` broadcast to `id`'s shape (NumPy rules) to `id`'s gradient, without
-    /// materialising the broadcast: the derivative of a sum. The slot keeps `g` small
-    /// until a full-size contribution is added to it (one broadcasting `+`), the walk
-    /// reaches `id` (`expand`), or the walk hands it out as an input's gradient.
-    #[track_caller]
-    pub fn add_broadcast(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
-        if g.shape() == self.shape(id) {
-            return self.add(id, g);
-        }
-        let slot = &mut self.slots[id];
-        match slot.grad {
-            None => (slot.grad, slot.bcast) = (Some(g.id), true),
-            // Two pending broadcasts give one of their broadcast shape, which still
-            // broadcasts to `id`'s; a pending one and a full one give a full one.
-            Some(prev) => slot.grad = Some((Var { core: self.core, id: prev } + g).id),
-        }
-    }
-
-    /// The gradient `g` of node `id`, pending a broadcast to `id`'s shape, as its
-    /// derivative `op.grad` needs it: still small where the derivative broadcasts it
-    /// anyway (`a ⊙ b` with `a`, `b` and the output of one shape: `g ⊙ b` has that shape),
-    /// else materialised.
-    #[track_caller]
-    fn expand(&self, op: Op<'s, T>, id: NodeId<'s>, g: Var<'s, T>) -> Var<'s, T> {
-        let so = self.shape(id);
-        if let Op::Binary { f: crate::ops::BinaryFn::Mul, a, b } = op {
-            if self.shape(a) == so && self.shape(b) == so {
-                return g;
-            }
-        }
-        g.broadcast_to(&so.to_array()[..so.rank()])
-    }
-
-    /// Adds `g`, summed over the dimensions along which `id` was broadcast, to `id`'s gradient.
-    #[track_caller]
-    pub fn add_reduced(&mut self, id: NodeId<'s>, g: Var<'s, T>) {
-        let g = sum_to(g, self.shape(id));
-        self.add(id, g);
     }
 
     pub fn shape(&self, id: NodeId<'s>) -> Shape {
@@ -494,25 +398,4 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
             Ok((Op::Leaf, shape, &*out))
         })
     }
-}
-
-/// `v` summed over the dimensions along which `target` was broadcast to `v`'s shape (NumPy
-/// rules: missing leading dimensions and dimensions of size 1), as recorded ops.
-#[track_caller]
-pub(crate) fn sum_to<'s, T: Float>(v: Var<'s, T>, target: Shape) -> Var<'s, T> {
-    let sv = v.shape();
-    if sv == target {
-        return v;
-    }
-    let lead = sv.rank().saturating_sub(target.rank());
-    let mut axes = [0isize; crate::shape::MAX_RANK];
-    let mut n = 0;
-    for ax in 0..sv.rank() {
-        if ax < lead || (target.dim(ax - lead) == 1 && sv.dim(ax) != 1) {
-            axes[n] = ax as isize;
-            n += 1;
-        }
-    }
-    let summed = if n == 0 { v } else { v.sum_axes(&axes[..n], true) };
-    summed.reshape(&target.to_array()[..target.rank()])
 }

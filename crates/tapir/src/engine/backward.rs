@@ -1,5 +1,5 @@
 //! The backward pass: one reverse loop over the tape. Each node's own
-//! [`Op::backward`](crate::ops) adds its contribution to its inputs' gradients.
+//! rule (`ops::backward`, or the engine's own for custom ops and checkpoints) adds its contribution to its inputs' gradients.
 //!
 //! The tape is in creation order, so walking it backwards visits every node after all of
 //! its consumers: nothing sorts, hashes or recurses, and a chain of a million ops needs no
@@ -8,32 +8,25 @@
 //! both contributions; a product writes its input's first contribution instead (no read of
 //! the zeros, and a reused buffer is not zero-filled: `BackwardCtx::grad_pair_write`).
 
-use std::cell::Cell;
-
 use faer::Par;
 
+use crate::dtype::Float;
+use crate::engine::checkpoint::replay as checkpoint;
+use crate::engine::custom;
 use crate::error::{Error, Loc, Result};
-use crate::graph::id::NodeMap;
-use crate::graph::tape::{recycle, Tape};
-use crate::graph::NodeId;
-use crate::ops::custom::CustomScratch;
-use crate::ops::Op;
-use crate::record::{alloc_error, BackwardCtx};
+use crate::ops;
+use crate::record::ctx::{alloc_error, BackwardCtx};
+use crate::record::custom_op::CustomScratch;
+use crate::record::handles::{Lent, State};
+use crate::record::state::{Grads, Seed};
 use crate::storage::Arena;
-use crate::Float;
-
-/// What a backward pass starts from: `∂L/∂out` of the node it starts at.
-#[derive(Clone, Copy)]
-pub(crate) enum Seed<'a, T> {
-    /// `1` for a one-element loss.
-    One,
-    /// The caller's gradient, of the output's shape.
-    Given(&'a [T]),
-}
+use crate::tape::id::{NodeId, NodeMap};
+use crate::tape::op::Op;
+use crate::tape::tape::recycle;
 
 /// Checks that a backward pass from `out` with `seed` can run: `op`'s errors if not.
 pub(crate) fn check<'s, T: Float>(
-    tape: &Tape<'s, T>,
+    tape: &State<'s, T>,
     out: NodeId<'s>,
     seed: Seed<'_, T>,
     op: &'static str,
@@ -53,23 +46,6 @@ pub(crate) fn check<'s, T: Float>(
     Ok(())
 }
 
-/// The gradient map of one pass, before it is handed back to the tape.
-pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;
-
-/// A slot of `backward_into`'s buffer lent to the one parameter node that reads it: the
-/// node's first gradient takes it (`None` after). A `Cell`, as the walk reads the tape
-/// through a shared borrow.
-pub(crate) struct Lent<'s, T> {
-    pub node: NodeId<'s>,
-    pub slot: Cell<Option<&'s mut [T]>>,
-}
-
-impl<T> std::fmt::Debug for Lent<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lent").field("node", &self.node.index()).finish_non_exhaustive()
-    }
-}
-
 /// Runs backward from `loss` over `tape`, leaving the gradients in `tape.grads`; the
 /// caller has run [`check`]. `lend` first lists some nodes' gradient buffers (zeroed
 /// memory of the caller's: `backward_into`'s parameter slots) in `tape.lent_grads`, which
@@ -81,14 +57,14 @@ impl<T> std::fmt::Debug for Lent<'_, T> {
 /// then not kept (`Var::grad` reads `None` for them).
 #[allow(clippy::too_many_arguments)] // the pass and the two hooks
 pub(crate) fn run_with<'s, T: Float>(
-    tape: &mut Tape<'s, T>,
+    tape: &mut State<'s, T>,
     arena: &'s Arena,
     par: Par,
     (loss, seed): (NodeId<'s>, Seed<'_, T>),
     location: Loc,
     (anomaly, release): (bool, bool),
-    lend: impl FnOnce(&Tape<'s, T>, &mut Vec<Lent<'s, T>>),
-    undo: impl FnOnce(&Tape<'s, T>, &mut Grads<'s, T>),
+    lend: impl FnOnce(&State<'s, T>, &mut Vec<Lent<'s, T>>),
+    undo: impl FnOnce(&State<'s, T>, &mut Grads<'s, T>),
 ) -> Result<()> {
     let mut grads: Grads<'s, T> = NodeMap::from_vec(recycle(std::mem::take(&mut tape.grads).into_vec()));
     grads.resize_with(tape.nodes.len(), || None);
@@ -128,9 +104,26 @@ pub(crate) fn run_with<'s, T: Float>(
     result
 }
 
+/// A releasing pass seeded at `start`, with nothing lent: what a checkpoint's
+/// recomputation runs over its nested tape. `checkpoint::backward` receives it as an
+/// argument, so the recursion into a nested pass needs no import of this file.
+pub(crate) type NestedPass<T> =
+    for<'c, 'x> fn(&'x mut State<'c, T>, &'c Arena, Par, (NodeId<'c>, Seed<'x, T>), Loc, bool) -> Result<()>;
+
+fn nested_pass<'c, T: Float>(
+    state: &mut State<'c, T>,
+    arena: &'c Arena,
+    par: Par,
+    start: (NodeId<'c>, Seed<'_, T>),
+    location: Loc,
+    anomaly: bool,
+) -> Result<()> {
+    run_with(state, arena, par, start, location, (anomaly, true), |_, _| {}, |_, _| {})
+}
+
 #[allow(clippy::too_many_arguments)] // the walk's whole state, passed once
 fn walk<'s, T: Float>(
-    tape: &Tape<'s, T>,
+    tape: &State<'s, T>,
     grads: &mut Grads<'s, T>,
     custom: &mut CustomScratch<'s, T>,
     spare: Option<&mut Vec<&'s mut [T]>>,
@@ -151,7 +144,13 @@ fn walk<'s, T: Float>(
         if !node.requires_grad || ctx.grads[id].is_none() {
             continue;
         }
-        node.op.backward(&mut ctx, id)?;
+        match node.op {
+            Op::Custom { table, first, count } => custom::backward(&mut ctx, id, table, first, count)?,
+            Op::Checkpoint { table, first, count } => {
+                checkpoint::backward(&mut ctx, id, (table, first, count), nested_pass::<T>)?
+            }
+            op => ops::backward(op, &mut ctx, id)?,
+        }
         if anomaly {
             check_finite(&ctx, id)?;
         }

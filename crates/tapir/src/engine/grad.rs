@@ -2,8 +2,8 @@
 //! `torch.autograd.grad(..., create_graph=True)`.
 //!
 //! The walk is the backward pass's reverse loop, but each node's derivative is *recorded*
-//! with the ordinary op methods ([`Op::grad`](crate::ops), one function beside each op's
-//! fast backward) instead of computed into buffers. The gradients are therefore nodes on
+//! with the ordinary op methods (`ops::grad`, one function beside each op's fast
+//! backward; custom ops and checkpoints are dispatched here) instead of computed into buffers. The gradients are therefore nodes on
 //! the same tape, after everything they depend on, so they can be combined with other ops
 //! and differentiated again, to any order, and the scope still frees them in O(1).
 //!
@@ -15,13 +15,16 @@
 
 use std::panic::Location;
 
+use crate::dtype::Float;
+use crate::engine::checkpoint::replay as checkpoint;
+use crate::engine::custom;
 use crate::error::{Error, Loc, Result};
-use crate::graph::tape::Slot;
-use crate::graph::{Scope, Var};
-use crate::ops::Op;
-use crate::record::GradCtx;
+use crate::ops;
+use crate::record::ctx::GradCtx;
+use crate::record::handles::{Scope, Slot, Var};
 use crate::shape::Shape;
-use crate::Float;
+use crate::tape::id::{NodeId, NodeMap};
+use crate::tape::op::Op;
 
 impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// The gradients `∂y/∂xᵢ` of a one-element `y`, as handles recorded on this tape, so
@@ -161,7 +164,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     #[track_caller]
     fn walk_with(
         &'s self,
-        slots: &mut crate::graph::id::NodeMap<'s, Slot<'s>>,
+        slots: &mut NodeMap<'s, Slot<'s>>,
         y: Var<'s, T>,
         seed: Option<Var<'s, T>>,
         xs: &[Var<'s, T>],
@@ -210,5 +213,64 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             out.fill(v);
             Ok((Op::Leaf, shape, &*out))
         })
+    }
+}
+
+impl<'s, T: Float> GradCtx<'_, 's, T> {
+    /// Marks the nodes of `ids` (in tape order) that the walk differentiates through:
+    /// those that require a gradient and are marked already (the inputs asked for) or read
+    /// a marked node.
+    pub(crate) fn mark(&mut self, ids: impl Iterator<Item = NodeId<'s>>) {
+        let tape = self.core.tape.borrow();
+        for id in ids {
+            let node = &tape.nodes[id.index()];
+            if !node.requires_grad {
+                self.slots[id].needed = false;
+                continue;
+            }
+            if !self.slots[id].needed {
+                let mut any = false;
+                tape.for_each_input(&node.op, |i| any |= self.slots[i].needed);
+                self.slots[id].needed = any;
+            }
+        }
+    }
+
+    /// The reverse walk over `ids` (given in tape order): each marked node with a gradient
+    /// records its derivative, adding its inputs' contributions to their slots. Stops at
+    /// the first recording error, which the scope keeps.
+    #[track_caller]
+    pub(crate) fn walk_back(&mut self, ids: impl DoubleEndedIterator<Item = NodeId<'s>>) -> Result<()> {
+        for id in ids.rev() {
+            let (op, slot) = (self.core.tape.borrow().nodes[id.index()].op, self.slots[id]);
+            let Some(g) = slot.grad.filter(|_| slot.needed) else { continue };
+            if matches!(op, Op::Leaf | Op::Variable | Op::Param(_)) {
+                // No inputs: nothing to record (and a pending broadcast stays small).
+                continue;
+            }
+            let g = Var { core: self.core, id: g };
+            let g = if slot.bcast { self.expand(op, id, g) } else { g };
+            match op {
+                Op::Custom { table, first, count } => custom::grad(self, id, g, table, first, count)?,
+                Op::Checkpoint { table, first, count } => {
+                    // The block runs again on this tape; the walk goes on through what it
+                    // recorded, seeded with `g` at the recomputed output.
+                    if let Some((before, last)) = checkpoint::grad(self, id, (table, first, count))? {
+                        self.slots.resize_with(last.index() + 1, Default::default);
+                        self.mark(self.core.tape.borrow().ids_after(before, last));
+                        if self.slots[last].needed {
+                            self.slots[last].grad = Some(g.id);
+                            let ids = self.core.tape.borrow().ids_after(before, last);
+                            self.walk_back(ids)?;
+                        }
+                    }
+                }
+                op => ops::grad(op, self, id, g)?,
+            }
+            if self.core.tape.borrow().error.is_some() {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 }

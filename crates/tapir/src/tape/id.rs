@@ -22,7 +22,7 @@ impl<'s> NodeId<'s> {
     /// error whenever one exists, and every op checks that first).
     pub(crate) const POISON: NodeId<'s> = NodeId { raw: u32::MAX, _brand: PhantomData };
 
-    /// Mints the id of the node at `index`. Only the tape calls this (`graph/tape.rs`: when
+    /// Mints the id of the node at `index`. Only the tape calls this (`tape/tape.rs`: when
     /// it appends a node, when it walks its nodes, when it decodes ids it stored itself), and
     /// it checks `index < u32::MAX` first.
     pub(super) fn new(raw: u32) -> NodeId<'s> {

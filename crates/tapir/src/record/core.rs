@@ -5,26 +5,15 @@ use std::panic::Location;
 
 use faer::Par;
 
+use crate::dtype::Float;
 use crate::error::{Error, Loc, Result};
-use crate::graph::tape::{NodeView, Tape};
-use crate::graph::{NodeId, Var};
-use crate::ops::{Op, OpKind};
-use crate::record::Rec;
+use crate::record::ctx::Rec;
+use crate::record::handles::{Core, State, Var};
 use crate::shape::Shape;
 use crate::storage::Arena;
-use crate::Float;
-
-/// The part of a scope that handles point at.
-#[derive(Debug)]
-pub struct Core<'s, T> {
-    pub(crate) arena: &'s Arena,
-    pub(crate) tape: RefCell<Tape<'s, T>>,
-    pub(crate) par: Par,
-    pub(crate) anomaly: bool,
-    /// The public method being recorded when it records several primitives (`mean_axes`,
-    /// `stack`, `conv2d`, ...): errors raised meanwhile name it rather than the primitive.
-    composite: Cell<Option<&'static str>>,
-}
+use crate::tape::id::NodeId;
+use crate::tape::op::{Op, OpKind};
+use crate::tape::tape::NodeView;
 
 /// Restores the composite name on drop (see [`Core::composite`]).
 pub(crate) struct CompositeGuard<'a> {
@@ -39,7 +28,7 @@ impl Drop for CompositeGuard<'_> {
 }
 
 impl<'s, T: Float> Core<'s, T> {
-    pub(crate) fn new(arena: &'s Arena, tape: Tape<'s, T>, par: Par, anomaly: bool) -> Core<'s, T> {
+    pub(crate) fn new(arena: &'s Arena, tape: State<'s, T>, par: Par, anomaly: bool) -> Core<'s, T> {
         Core { arena, tape: RefCell::new(tape), par, anomaly, composite: Cell::new(None) }
     }
 
@@ -106,7 +95,7 @@ impl<'s, T: Float> Core<'s, T> {
 
     /// [`record_at`](Core::record_at) for an op that can overwrite its input `x` in
     /// place: `f` is also handed `x`'s output buffer if a checkpoint's recomputation held
-    /// it back for this op (see [`InPlace`](crate::graph::tape::InPlace)); then `f` must
+    /// it back for this op (see [`InPlace`](crate::tape::in_place::InPlace)); then `f` must
     /// make it `x`'s value again.
     #[inline(always)]
     pub(crate) fn record_reading(
@@ -193,10 +182,10 @@ impl<'s, T: Float> Core<'s, T> {
 
 /// The buffer held back for an in-place op if `x` is its producer; else the buffer
 /// becomes its producer's value again (the op reads it) and in-place work ends for the
-/// block (see [`InPlace`](crate::graph::tape::InPlace)).
+/// block (see [`InPlace`](crate::tape::in_place::InPlace)).
 #[cold]
 #[inline(never)]
-pub(crate) fn take_held<'s, T>(tape: &mut Tape<'s, T>, x: Option<NodeId<'s>>) -> Option<&'s mut [T]> {
+pub(crate) fn take_held<'s, T>(tape: &mut State<'s, T>, x: Option<NodeId<'s>>) -> Option<&'s mut [T]> {
     let taken = x.and_then(|x| tape.in_place.take(x.raw()));
     if taken.is_none() {
         if let Some((pos, buf)) = tape.in_place.give_back() {

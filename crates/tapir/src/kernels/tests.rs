@@ -1,0 +1,163 @@
+//! Tests of the element loops, reductions and layout kernels.
+
+use super::layout::*;
+use super::reduce::*;
+use super::*;
+
+/// Against `ln Σ eˣ` summed in f64 from the unshifted values (a different order
+/// and no shift), for lengths around the 8-lane chunks, and the special values.
+#[test]
+fn row_lse_matches_a_direct_sum_and_keeps_nan_and_infinities() {
+    for len in [1usize, 7, 8, 9, 23, 96, 100] {
+        let row: Vec<f64> = (0..len).map(|i| ((i * 37 % 11) as f64 - 5.0) * 1.3).collect();
+        let direct = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+        let got = row_lse(&row);
+        assert!((got - direct).abs() < 1e-13, "len {len}: {got} vs {direct}");
+        let row32: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+        assert!((row_lse(&row32) as f64 - direct).abs() < 1e-5, "f32 len {len}");
+        for at in [0, len / 2, len - 1] {
+            let mut bad = row.clone();
+            bad[at] = f64::NAN;
+            assert!(row_lse(&bad).is_nan(), "NaN at {at} of {len}");
+            bad[at] = f64::INFINITY;
+            assert_eq!(row_lse(&bad), f64::INFINITY, "+inf at {at} of {len}");
+            bad[(at + 1) % len] = f64::NAN;
+            assert!(len == 1 || row_lse(&bad).is_nan(), "+inf and NaN in {len}");
+        }
+        assert_eq!(row_lse(&vec![f64::NEG_INFINITY; len]), f64::NEG_INFINITY);
+        assert!(row_lse(&vec![f64::NAN; len]).is_nan());
+    }
+}
+
+#[test]
+fn tiled_transpose_matches_the_strided_walk() {
+    for dims in [vec![2, 3], vec![33, 70], vec![2, 40, 33], vec![3, 1, 5], vec![0, 4]] {
+        let sx = shape(&dims);
+        let r = dims.len();
+        let mut axes: Vec<usize> = (0..r).collect();
+        axes.swap(r - 2, r - 1);
+        let mut od = dims.clone();
+        od.swap(r - 2, r - 1);
+        let so = shape(&od);
+        let x: Vec<f64> = (0..sx.numel()).map(|i| i as f64).collect();
+        let mut fast = vec![0.0; so.numel()];
+        permute(&x, &sx, &axes, &so, &mut fast);
+        let mut st = [0; MAX_RANK];
+        for (i, &a) in axes.iter().enumerate() {
+            st[i] = sx.strides()[a];
+        }
+        let mut slow = vec![0.0; so.numel()];
+        for_each2(&so, &st, &[0; MAX_RANK], |o, ix, _| slow[o] = x[ix]);
+        assert_eq!(fast, slow, "{dims:?}");
+        let mut back = vec![1.0; sx.numel()];
+        permute_grad(&fast, &sx, &axes, &so, &mut back);
+        assert_eq!(back, x.iter().map(|v| v + 1.0).collect::<Vec<_>>(), "{dims:?}");
+    }
+}
+
+fn shape(d: &[usize]) -> Shape {
+    Shape::new(d).unwrap()
+}
+
+#[test]
+fn broadcast_add_matches_hand_result() {
+    // [[1], [2]] + [10, 20, 30] = [[11, 21, 31], [12, 22, 32]]
+    let (a, b) = ([1.0f64, 2.0], [10.0, 20.0, 30.0]);
+    let mut out = [0.0; 6];
+    binary((&a, &shape(&[2, 1])), (&b, &shape(&[3])), (&mut out, &shape(&[2, 3])), |x, y| x + y);
+    assert_eq!(out, [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
+}
+
+#[test]
+fn tiled_broadcasts_match_the_general_path() {
+    // Bias-style broadcasts take the chunked path; compare with index arithmetic.
+    for (sa, sb) in
+        [(vec![3, 4], vec![4]), (vec![3, 4], vec![1, 4]), (vec![2, 3, 4], vec![3, 4]), (vec![4], vec![3, 4])]
+    {
+        let (sa, sb) = (shape(&sa), shape(&sb));
+        let so = sa.broadcast(&sb).unwrap();
+        let a: Vec<f64> = (0..sa.numel()).map(|i| i as f64 * 0.5 - 1.0).collect();
+        let b: Vec<f64> = (0..sb.numel()).map(|i| 2.0 - i as f64).collect();
+        let dout: Vec<f64> = (0..so.numel()).map(|i| (i % 5) as f64).collect();
+        let mut fast = vec![0.0; so.numel()];
+        binary((&a, &sa), (&b, &sb), (&mut fast, &so), |x, y| x * y + 1.0);
+        let mut slow = vec![0.0; so.numel()];
+        for_each_broadcast(&so, &sa, &sb, |i, ia, ib| slow[i] = a[ia] * b[ib] + 1.0);
+        assert_eq!(fast, slow);
+        for (x, sx, y, sy) in [(&a, &sa, &b, &sb), (&b, &sb, &a, &sa)] {
+            let mut fast = vec![0.0; sx.numel()];
+            binary_grad((&dout, &so), (x, sx), (y, sy), &mut fast, |d, u, v| d * v + u);
+            let mut slow = vec![0.0; sx.numel()];
+            for_each_broadcast(&so, sx, sy, |i, ix, iy| slow[ix] += dout[i] * y[iy] + x[ix]);
+            assert_eq!(fast, slow);
+        }
+    }
+}
+
+#[test]
+fn permute_transposes() {
+    let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut out = [0.0; 6];
+    permute(&x, &shape(&[2, 3]), &[1, 0], &shape(&[3, 2]), &mut out);
+    assert_eq!(out, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+}
+
+#[test]
+fn gemm_matches_naive() {
+    // [[1, 2], [3, 4]] · [[5, 6], [7, 8]] = [[19, 22], [43, 50]]
+    let (a, b) = ([1.0f64, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
+    let mut c = [0.0; 4];
+    f64::gemm(&mut c, &a, false, &b, false, (2, 2, 2), false, faer::Par::Seq);
+    assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
+    // aᵀ · b = [[26, 30], [38, 44]], accumulated onto the previous result.
+    f64::gemm(&mut c, &a, true, &b, false, (2, 2, 2), true, faer::Par::Seq);
+    assert_eq!(c, [45.0, 52.0, 81.0, 94.0]);
+}
+
+/// Integer-valued `a` (stored `[k, m]`) and `b` (`[k, n]`), and `1 + aᵀ·b` summed
+/// naively: every partial sum is exact, so any order of summation gives these bits.
+fn at_b_problem(m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let a: Vec<f64> = (0..k * m).map(|i| ((i * 7) % 11) as f64 - 5.0).collect();
+    let b: Vec<f64> = (0..k * n).map(|i| ((i * 5) % 13) as f64 - 6.0).collect();
+    let mut want = vec![1.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want[i * n + j] += (0..k).map(|r| a[r * m + i] * b[r * n + j]).sum::<f64>();
+        }
+    }
+    (a, b, want)
+}
+
+#[test]
+fn narrow_products_match_the_naive_sum() {
+    // `a` used transposed, 2 <= n <= 16, m >= 64: the blocked column-major path, with a
+    // last block of 88 rows. Integer-valued entries make every sum exact.
+    let (m, k) = (600, 50);
+    for n in [2, 10, 16, 17] {
+        let (a, b, want) = at_b_problem(m, k, n);
+        for par in [faer::Par::Seq, faer::Par::rayon(2)] {
+            let mut c = vec![1.0; m * n];
+            f64::gemm(&mut c, &a, true, &b, false, (m, k, n), true, par);
+            assert_eq!(c, want, "n = {n}, accumulated");
+            let mut c = vec![f64::NAN; m * n];
+            f64::gemm(&mut c, &a, true, &b, false, (m, k, n), false, par);
+            assert!(c.iter().zip(&want).all(|(x, w)| *x == w - 1.0), "n = {n}, replaced");
+        }
+    }
+}
+
+#[test]
+fn long_reductions_in_k_blocks_match_the_naive_sum() {
+    // k = 1100 takes the blocked path (four blocks of 256 and one of 76); integer-valued
+    // entries make every partial sum exact, so any order of summation gives these bits.
+    let (m, k, n) = (37, 1100, 29);
+    let (a, b, want) = at_b_problem(m, k, n);
+    for (accumulate, par) in [(true, faer::Par::Seq), (true, faer::Par::rayon(2))] {
+        let mut c = vec![1.0; m * n];
+        f64::gemm(&mut c, &a, true, &b, false, (m, k, n), accumulate, par);
+        assert_eq!(c, want);
+    }
+    let mut c = vec![f64::NAN; m * n];
+    f64::gemm(&mut c, &a, true, &b, false, (m, k, n), false, faer::Par::Seq);
+    assert!(c.iter().zip(&want).all(|(x, w)| *x == w - 1.0), "replace ignores the old values");
+}

@@ -175,3 +175,57 @@ impl UnaryFn {
         matches!(self, Neg | AddScalar | MulScalar | Exp | Expm1 | Sqrt | Rsqrt | Recip | Tanh | Sigmoid | Relu)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Evaluates a derivative at `(x, y)` pairs.
+    struct Probe<'a>(&'a [(f64, f64)]);
+
+    impl GradMap<f64> for Probe<'_> {
+        type Out = Vec<f64>;
+        fn map(self, d: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+            self.0.iter().map(|&(x, y)| d(x, y)).collect()
+        }
+        fn scale(self, c: f64) -> Vec<f64> {
+            vec![c; self.0.len()]
+        }
+        fn map_long(self, d: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+            self.map(d)
+        }
+    }
+
+    /// What an in-place op's backward sees as its input is its output: the derivative of
+    /// every function listed by `reads_only_output` must not change when `x` does.
+    #[test]
+    fn in_place_derivatives_ignore_the_input() {
+        let c = [0.7, 1.3];
+        let xs = [-2.5, -0.3, 0.0, 0.4, 1.7, 3.0];
+        for &f in UnaryFn::ALL {
+            let y = |x: f64| f.forward(c, ScalarMap(x));
+            let true_x: Vec<_> = xs.iter().map(|&x| (x, y(x))).collect();
+            let other_x: Vec<_> = xs.iter().map(|&x| (x * 1.9 + 0.37, y(x))).collect();
+            let (a, b) = (f.derivative(c, Probe(&true_x)), f.derivative(c, Probe(&other_x)));
+            let same = a.iter().zip(&b).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+            if f.reads_only_output() {
+                assert!(same, "{}: the derivative reads x", f.name());
+            } else {
+                assert!(!same, "{}: the derivative reads only y, so it could be listed", f.name());
+            }
+        }
+    }
+
+    /// `f(x)` for one scalar.
+    struct ScalarMap(f64);
+
+    impl ElementMap<f64> for ScalarMap {
+        type Out = f64;
+        fn map(self, f: impl Fn(f64) -> f64 + Sync) -> f64 {
+            f(self.0)
+        }
+        fn map_long(self, f: impl Fn(f64) -> f64 + Sync) -> f64 {
+            f(self.0)
+        }
+    }
+}

@@ -386,3 +386,11 @@ impl<'s, T> Op<'s, T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn variants_stay_small() {
+        assert_eq!(std::mem::size_of::<super::Op<'static, f32>>(), 16);
+    }
+}

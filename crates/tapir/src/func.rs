@@ -23,7 +23,7 @@
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
 
 use crate::dtype::Float;
-use crate::error::{Error, Result};
+use crate::error::{Error, Loc, Result};
 use crate::graph::graph::Graph;
 use crate::record::handles::{Scope, Var};
 use crate::shape::{Shape, MAX_RANK};
@@ -250,7 +250,7 @@ fn owned<T: Float>(v: Var<'_, T>) -> Result<Tensor<T>> {
     v.to_tensor()
 }
 
-fn same_shape(op: &'static str, x: Shape, v: Shape, location: crate::Loc) -> Result<()> {
+fn same_shape(op: &'static str, x: Shape, v: Shape, location: Loc) -> Result<()> {
     if x == v {
         Ok(())
     } else {
@@ -259,7 +259,7 @@ fn same_shape(op: &'static str, x: Shape, v: Shape, location: crate::Loc) -> Res
 }
 
 /// `a`'s dimensions followed by `b`'s.
-fn joined(op: &'static str, a: Shape, b: Shape, location: crate::Loc) -> Result<Shape> {
+fn joined(op: &'static str, a: Shape, b: Shape, location: Loc) -> Result<Shape> {
     let mut d = [0usize; 2 * MAX_RANK];
     let (ra, rb) = (a.rank(), b.rank());
     d[..ra].copy_from_slice(&a.to_array()[..ra]);

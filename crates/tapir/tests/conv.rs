@@ -124,4 +124,3 @@ fn bad_windows_are_errors() {
     assert!(errs.iter().all(|e| matches!(e, Error::InvalidShape { .. } | Error::InvalidArgument { .. })));
     assert!(errs[5].to_string().contains("[2, 3, 1, 1]"), "{}", errs[5]);
 }
-

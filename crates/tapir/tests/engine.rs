@@ -20,3 +20,4 @@ mod nan;
 mod second_order;
 mod second_order_props;
 mod semantics;
+mod tensor;

@@ -15,13 +15,7 @@ fn tensor(dims: &[usize], seed: u64) -> Tensor<f64> {
 
 /// The stored shapes of `a` and `b` for `op(a): [..., m, k]`, `op(b): [..., k, n]`:
 /// plain, `a` batched, `b` batched with a broadcast batch axis.
-fn stored(
-    which: u8,
-    batch: usize,
-    (m, k, n): (usize, usize, usize),
-    ta: bool,
-    tb: bool,
-) -> (Vec<usize>, Vec<usize>) {
+fn stored(which: u8, batch: usize, (m, k, n): (usize, usize, usize), ta: bool, tb: bool) -> (Vec<usize>, Vec<usize>) {
     let a = if ta { vec![k, m] } else { vec![m, k] };
     let b = if tb { vec![n, k] } else { vec![k, n] };
     let lead = |x: Vec<usize>, l: &[usize]| l.iter().copied().chain(x).collect::<Vec<_>>();

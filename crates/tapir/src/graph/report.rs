@@ -174,7 +174,8 @@ impl<T: Float> Scope<'_, '_, T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Graph, Tensor};
+    use crate::graph::graph::Graph;
+    use crate::tensor::Tensor;
 
     #[test]
     fn counts_nodes_values_and_gradients_per_op() {

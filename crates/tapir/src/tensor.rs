@@ -589,6 +589,3 @@ impl<T: Float> Tensor<T> {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests;

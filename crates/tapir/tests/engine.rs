@@ -14,7 +14,6 @@ mod deep;
 mod errors;
 mod gradients;
 mod hand_worked;
-mod matmul;
 mod names;
 mod nan;
 mod second_order;

@@ -11,7 +11,7 @@
 //! `Op` (16 bytes, `Copy`) out under a short borrow, then records its derivative. Nodes
 //! appended meanwhile come after `y`, so the reverse loop over `0..=y` never visits them.
 //! Gradient handles accumulate per node in a side table kept by the tape between calls and
-//! scopes (`Tape::slots`), so a warmed-up call allocates nothing on the heap.
+//! scopes (`State::slots`), so a warmed-up call allocates nothing on the heap.
 
 use std::panic::Location;
 

@@ -1,6 +1,7 @@
-//! The toolkit ops are written against: [`Rec`], what an op's recording closure sees, and
-//! [`BackwardCtx`], what its backward function sees. Ops depend on this module, never on
-//! the tape's or the scope's internals.
+//! The toolkit rules are written against: [`Rec`], what an op's recording closure sees,
+//! [`BackwardCtx`], what its backward function sees, and [`GradCtx`], what its recorded
+//! derivative sees (its accumulation helpers, which record ops, are `ops/accumulate.rs`;
+//! the walks that hand these out are `engine/`).
 
 use faer::Par;
 
@@ -192,7 +193,7 @@ pub(crate) type WritePair<'b, T> = (&'b [T], &'b mut [T], bool);
 const SPARE_LOOKUP: usize = 8;
 
 /// The buffer of `input`'s first gradient, `n` elements, in a releasing pass: the slot
-/// lent to `input` (zeroed; see `Tape::lent_grads`), or else a released buffer of exactly
+/// lent to `input` (zeroed; see `State::lent_grads`), or else a released buffer of exactly
 /// `n` elements among the last few, zeroed over `zero`'s threads if `zero` is given (else
 /// stale). Out of line: a plain backward pass reuses nothing and must not pay for it.
 #[inline(never)]

@@ -339,7 +339,7 @@ impl<'s, T> Op<'s, T> {
     }
 
     /// The op's kind's name; a custom op's own name is in the tape's side table
-    /// (`Tape::name_of`).
+    /// (`State::name_of`).
     pub(crate) fn name(&self) -> &'static str {
         self.kind().name()
     }

@@ -74,6 +74,25 @@ valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=def
 asan:
     ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
 
+# Public API of tapir, tapir-nn and tapir-dist (nightly rustdoc JSON, tools/public_api.py) diffed against docs/public-api/CRATE.txt; a difference fails.
+public-api:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+    mkdir -p "$target/public-api"
+    externs=() status=0
+    for crate in tapir tapir-nn tapir-dist; do
+        cargo +nightly rustdoc -q -p $crate --lib -- -Z unstable-options --output-format json --document-hidden-items
+        json="$target/doc/${crate//-/_}.json"
+        python3 tools/public_api.py "$json" "${externs[@]}" > "$target/public-api/$crate.txt"
+        externs+=(--extern "$json")
+        if ! diff -u "docs/public-api/$crate.txt" "$target/public-api/$crate.txt"; then
+            echo "public-api: $crate differs; if intended: cp $target/public-api/$crate.txt docs/public-api/" >&2
+            status=1
+        fi
+    done
+    exit $status
+
 # Everything CI and a reviewer would run.
 ci: lint test
     cd fuzz && cargo check

@@ -41,6 +41,11 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
+# Instruction counts (callgrind, 1 thread) of W3 and W2 for this tree against the baseline in
+# benches/baselines/*.tsv; flags a figure more than 3% above it (the budget for all later work).
+baseline-diff:
+    benches/baselines/diff.sh
+
 # W1-W8 and W10 on Tapir, faer direct, candle, burn, PyTorch eager and torch.compile, jax.jit (if importable), one table (~25 min on 2 cores). ARGS: --help.
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}

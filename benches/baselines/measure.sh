@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instruction counts of W3 and W2 under callgrind, 1 thread, printed as TSV
-# (figure, instructions, commit, date) on stdout.
+# (figure, instructions, commit, date) on stdout; the instructions column depends only on
+# the binaries (two runs print the same figures).
 #
 #   benches/baselines/measure.sh BINDIR [w3|w2|all]
 #
@@ -9,7 +10,7 @@
 # COMMIT (default: `git describe --always --dirty` of this tree) and DATE (default: today,
 # UTC) fill the last two columns; only they vary between runs of the same binaries.
 #
-# Method (docs/benchmarks.md, "How to read"): W3 per op = (total at 4 repetitions − total
+# Method (docs/benchmarks.md, §5 "How to read the figures"): W3 per op = (total at 4 repetitions − total
 # at 2) / 20,000, so start-up cancels; backward = the backward run's figure minus the
 # record run's; W2 per step = (total of `w2_profile 3` − total of `w2_profile 1`) / 2.
 # Both examples build their graph with `graph(1)`, so they run on one thread; the
@@ -24,9 +25,13 @@ export TAPIR_THREADS=1 RAYON_NUM_THREADS=1
 
 command -v valgrind >/dev/null || { echo "measure.sh: valgrind not found" >&2; exit 2; }
 
-# Total instructions (callgrind's "Collected") of one run.
+# Total instructions (callgrind's "Collected") of one run, leaving out `println!`: the
+# examples print timings, and formatting a float costs a value-dependent few dozen
+# instructions, which made totals differ by up to ~200 between runs of the same binary.
+# (The option order matters: `--collect-atstart=yes` after `--toggle-collect`.)
 total() {
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 >/dev/null |
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        --toggle-collect='std::io::stdio::_print*' --collect-atstart=yes "$@" 2>&1 >/dev/null |
         sed -n 's/^==[0-9]*== Collected : \([0-9]*\)$/\1/p'
 }
 

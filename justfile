@@ -41,8 +41,7 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
-# Instruction counts (callgrind, 1 thread) of W3 and W2 for this tree against the baseline in
-# benches/baselines/*.tsv; flags a figure more than 3% above it (the budget for all later work).
+# W3 and W2 instruction counts (callgrind, 1 thread) against benches/baselines/*.tsv; flags any over +3%.
 baseline-diff:
     benches/baselines/diff.sh
 

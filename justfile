@@ -41,6 +41,10 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
+# W3 and W2 instruction counts (callgrind, 1 thread) against benches/baselines/*.tsv; flags any over +3%.
+baseline-diff:
+    benches/baselines/diff.sh
+
 # W1-W8 and W10 on Tapir, faer direct, candle, burn, PyTorch eager and torch.compile, jax.jit (if importable), one table (~25 min on 2 cores). ARGS: --help.
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}

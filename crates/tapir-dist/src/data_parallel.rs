@@ -25,7 +25,7 @@
 use tapir::{Float, GradBuffer, ParamStore, Shape};
 
 use crate::comm::Comm;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, try_grow, try_vec, Error, Result};
 use crate::fault;
 
 /// How the summed gradient reaches every rank.
@@ -87,18 +87,39 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     ///
     /// # Errors
     /// [`Error::ModelMismatch`], on every rank, naming the first differing rank, the
-    /// first differing parameter and both versions of it (name, dtype, shape).
+    /// first differing parameter and both versions of it (name, dtype, shape);
+    /// [`Error::RankFailed`], on every rank, if a rank could not allocate its two reduction
+    /// buffers (its message is that rank's [`Error::OutOfMemory`]).
+    #[track_caller]
     pub fn new(comm: C, store: &mut ParamStore<T>) -> Result<DataParallel<T, C>> {
+        const OP: &str = "DataParallel::new";
+        // Gathered in place of a parameter index: this rank could not allocate its buffers.
+        const NO_MEMORY: u64 = u64::MAX - 1;
         let mine = describe(store);
         let mut bytes = if comm.rank() == 0 { mine.join("\n").into_bytes() } else { Vec::new() };
         comm.broadcast_bytes(0, &mut bytes);
         let text = String::from_utf8(bytes).expect("rank 0 sent the UTF-8 it made");
         let root: Vec<&str> = if text.is_empty() { Vec::new() } else { text.split('\n').collect() };
+        let numel = store.numel();
+        // The model exists, so `numel` is a real size, but two more copies of it may not
+        // fit: allocate fallibly and let every rank hear of a failure before any waits.
+        let len = numel.saturating_add(1).saturating_add(comm.size());
+        let buffers = try_vec(OP, "the reduction buffers", len, T::ZERO)
+            .and_then(|send| Ok((send, try_vec(OP, "the reduction buffers", len, T::ZERO)?)));
         let first_diff = (0..root.len().max(mine.len()))
             .find(|&i| root.get(i).copied() != mine.get(i).map(String::as_str))
             .map_or(u64::MAX, |i| i as u64);
         let mut diffs = vec![0; comm.size()];
-        comm.all_gather_u64(first_diff, &mut diffs);
+        comm.all_gather_u64(if buffers.is_err() { NO_MEMORY } else { first_diff }, &mut diffs);
+        if let Some(rank) = diffs.iter().position(|&d| d == NO_MEMORY) {
+            let mut message = match &buffers {
+                Err(e) if comm.rank() == rank => e.to_string().into_bytes(),
+                _ => Vec::new(),
+            };
+            comm.broadcast_bytes(rank, &mut message);
+            let message = String::from_utf8_lossy(&message).into_owned();
+            return Err(Error::RankFailed { op: OP, rank, size: comm.size(), message });
+        }
         if let Some(rank) = diffs.iter().position(|&d| d != u64::MAX) {
             let index = usize::try_from(diffs[rank]).expect("an index into this rank's parameters");
             let mut theirs = if comm.rank() == rank {
@@ -111,17 +132,16 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
             let theirs = String::from_utf8(theirs).expect("the rank sent the UTF-8 it made");
             return Err(Error::ModelMismatch { rank, index, root, theirs });
         }
+        let (send, recv) = buffers.expect("every rank allocated its buffers, this one included");
         let shapes: Vec<Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
         let names: Vec<String> = store.iter().map(|(_, n, _)| n.to_string()).collect();
-        let numel = store.numel();
-        let len = numel + 1 + comm.size();
         let mut dp = DataParallel {
             reduction: Reduction::default(),
             names,
             shapes,
             numel,
-            send: vec![T::ZERO; len],
-            recv: vec![T::ZERO; len],
+            send,
+            recv,
             pending: 0,
             has_pending: false,
             metrics_send: Vec::new(),
@@ -207,17 +227,20 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         self.check_grads(OP, grads)?;
         // The sample count travels in the gradient buffer, as `T`: exact up to 2^24 in f32.
         let limit = if T::NAME == "f32" { 1usize << 24 } else { 1usize << 53 };
-        if self.pending + samples > limit / self.comm.size() {
+        // Checked: a huge `samples` must not wrap the pending count back under the limit.
+        let pending = self.pending.checked_add(samples).filter(|&n| n <= limit / self.comm.size());
+        let Some(pending) = pending else {
             return Err(invalid(
                 OP,
                 format!(
-                    "{} samples pending on each of {} ranks exceed {limit}, the largest count {} holds exactly",
-                    self.pending + samples,
+                    "{} pending + {samples} new samples on each of {} ranks exceed {limit}, the largest count {} \
+                     holds exactly",
+                    self.pending,
                     self.comm.size(),
                     T::NAME
                 ),
             ));
-        }
+        };
         let w = T::from_usize(samples);
         // The buffer is one slice in the model's layout (checked above): one pass over it.
         let g = grads.as_mut_slice();
@@ -229,7 +252,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
         g.fill(T::ZERO);
         self.has_pending = true;
-        self.pending += samples;
+        self.pending = pending;
         Ok(())
     }
 
@@ -341,27 +364,62 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
 
     /// Replaces `values` by their weighted mean over the ranks, `Σ_r w_r·v_r / Σ_r w_r`,
     /// with `weight` this rank's `w_r` (its sample count, for a loss or an accuracy). One
-    /// collective; allocation-free once called with the longest `values`.
+    /// collective, of `values.len() + 1 + size` numbers: the weighted values, the weight,
+    /// and one slot per rank holding its weight if that weight is invalid; allocation-free
+    /// once called with the longest `values`.
+    ///
+    /// Every rank decides from the reduced slots, so every rank returns the same outcome
+    /// and none is left waiting. `values` is unchanged on error.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] on every rank if the weights sum to zero.
+    /// On every rank, [`Error::InvalidArgument`] naming the first rank whose weight is NaN,
+    /// infinite or negative, with that weight; or if the weights sum to zero or to a
+    /// non-finite number; [`Error::OutOfMemory`] (on this rank only, before any
+    /// collective) if the buffers for `values` cannot be allocated.
     #[track_caller]
     pub fn mean_metrics(&mut self, values: &mut [f64], weight: f64) -> Result<()> {
-        let n = values.len();
-        if self.metrics_send.len() < n + 1 {
-            self.metrics_send.resize(n + 1, 0.0);
-            self.metrics_recv.resize(n + 1, 0.0);
+        const OP: &str = "DataParallel::mean_metrics";
+        let (n, size, rank) = (values.len(), self.comm.size(), self.comm.rank());
+        // `values` exists and a world is small, so this cannot overflow in practice;
+        // checked all the same, as the buffers grow to it.
+        let len = n.checked_add(1 + size).unwrap_or(usize::MAX);
+        if self.metrics_send.len() < len {
+            try_grow(OP, "the metric buffers", &mut self.metrics_send, len)?;
+            try_grow(OP, "the metric buffers", &mut self.metrics_recv, len)?;
+            self.metrics_send.resize(len, 0.0);
+            self.metrics_recv.resize(len, 0.0);
         }
-        for (s, &v) in self.metrics_send.iter_mut().zip(values.iter()) {
-            *s = weight * v;
+        let (send, recv) = (&mut self.metrics_send[..len], &mut self.metrics_recv[..len]);
+        let valid = weight.is_finite() && weight >= 0.0;
+        // An invalid weight contributes nothing but its slot, so no NaN enters the sums.
+        let w = if valid { weight } else { 0.0 };
+        for (s, &v) in send.iter_mut().zip(values.iter()) {
+            *s = w * v;
         }
-        self.metrics_send[n] = weight;
-        self.comm.all_reduce_sum(&self.metrics_send[..=n], &mut self.metrics_recv[..=n]);
-        let total = self.metrics_recv[n];
-        if total == 0.0 {
-            return Err(invalid("DataParallel::mean_metrics", "the weights of all ranks sum to 0"));
+        send[n] = w;
+        send[n + 1..].fill(0.0);
+        if !valid {
+            send[n + 1 + rank] = weight;
         }
-        for (v, &s) in values.iter_mut().zip(&self.metrics_recv) {
+        self.comm.all_reduce_sum(send, recv);
+        // Slot `r` is rank r's weight plus zeros: non-zero (or NaN) exactly when invalid.
+        if let Some(bad) = recv[n + 1..].iter().position(|&b| b != 0.0) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "rank {bad} of {size} passed the weight {}; weights must be finite and non-negative",
+                    recv[n + 1 + bad]
+                ),
+            ));
+        }
+        let total = recv[n];
+        if !(total.is_finite() && total > 0.0) {
+            return Err(invalid(
+                OP,
+                format!("the weights of all {size} ranks sum to {total}; the sum must be positive and finite"),
+            ));
+        }
+        for (v, &s) in values.iter_mut().zip(recv.iter()) {
             *v = s / total;
         }
         Ok(())

@@ -167,3 +167,76 @@ fn hash_sees_one_bit() {
     assert_ne!(params_hash(&a), params_hash(&b));
     assert_eq!(params_hash(&a), params_hash(&a.clone()));
 }
+
+#[test]
+fn a_huge_sample_count_is_refused_without_wrapping_the_pending_count() {
+    let mut s = store(2);
+    let mut dp = DataParallel::new(Local, &mut s).unwrap();
+    let mut grads = s.zeros_like().unwrap();
+    grad_of(&s, &mut grads, &[1.0]);
+    dp.accumulate(&mut grads, 3).unwrap();
+    for samples in [usize::MAX, usize::MAX - 2, (1 << 53) - 2] {
+        let line = line!() + 1;
+        let e = dp.accumulate(&mut s.zeros_like().unwrap(), samples).unwrap_err();
+        let Error::InvalidArgument { op: "DataParallel::accumulate", location, .. } = &e else { panic!("{e}") };
+        assert_eq!((location.file(), location.line()), (file!(), line));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "DataParallel::accumulate: 3 pending + {samples} new samples on each of 1 ranks exceed \
+                 9007199254740992, the largest count f64 holds exactly (at {location})"
+            )
+        );
+    }
+    // The refused calls changed nothing: the 3 samples reduce as before.
+    assert_eq!(dp.all_reduce(&mut grads).unwrap(), Reduced { samples: 3 });
+}
+
+#[test]
+fn a_non_finite_or_negative_weight_is_an_error_and_leaves_the_values() {
+    let mut s = store(1);
+    let mut dp = DataParallel::new(Local, &mut s).unwrap();
+    for weight in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0] {
+        let mut m = [2.0, 0.25];
+        let line = line!() + 1;
+        let e = dp.mean_metrics(&mut m, weight).unwrap_err();
+        let Error::InvalidArgument { op: "DataParallel::mean_metrics", location, .. } = &e else { panic!("{e}") };
+        assert_eq!((location.file(), location.line()), (file!(), line));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "DataParallel::mean_metrics: rank 0 of 1 passed the weight {weight}; weights must be finite and \
+                 non-negative (at {location})"
+            )
+        );
+        assert_eq!(m, [2.0, 0.25], "values unchanged");
+    }
+    let mut m = [1.0];
+    let e = dp.mean_metrics(&mut m, 0.0).unwrap_err().to_string();
+    assert!(e.starts_with("DataParallel::mean_metrics: the weights of all 1 ranks sum to 0; the sum must be"), "{e}");
+    dp.mean_metrics(&mut m, 2.0).unwrap();
+    assert_eq!(m, [1.0]);
+}
+
+#[test]
+fn one_rank_with_a_nan_weight_fails_every_rank_alike() {
+    let out = threads::run(3, |comm| {
+        let mut s = store(1);
+        let mut dp = DataParallel::new(comm, &mut s).unwrap();
+        let weight = if dp.rank() == 1 { f64::NAN } else { 2.0 };
+        let mut m = [dp.rank() as f64];
+        let e = dp.mean_metrics(&mut m, weight).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { op: "DataParallel::mean_metrics", .. }), "{e}");
+        // A later call works: nothing is left pending.
+        let mut ok = [1.0];
+        dp.mean_metrics(&mut ok, 1.0).unwrap();
+        (e.to_string().split(" (at ").next().unwrap().to_string(), m[0])
+    });
+    for (rank, (e, m)) in out.iter().enumerate() {
+        assert_eq!(
+            e,
+            "DataParallel::mean_metrics: rank 1 of 3 passed the weight NaN; weights must be finite and non-negative"
+        );
+        assert_eq!(*m, rank as f64);
+    }
+}

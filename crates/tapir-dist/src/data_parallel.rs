@@ -381,8 +381,8 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         const OP: &str = "DataParallel::mean_metrics";
         let (n, size, rank) = (values.len(), self.comm.size(), self.comm.rank());
         // `values` exists and a world is small, so this cannot overflow in practice;
-        // checked all the same, as the buffers grow to it.
-        let len = n.checked_add(1 + size).unwrap_or(usize::MAX);
+        // saturating all the same (a saturated size fails in `try_grow`, typed).
+        let len = n.saturating_add(1 + size);
         if self.metrics_send.len() < len {
             try_grow(OP, "the metric buffers", &mut self.metrics_send, len)?;
             try_grow(OP, "the metric buffers", &mut self.metrics_recv, len)?;

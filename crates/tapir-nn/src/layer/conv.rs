@@ -41,19 +41,28 @@ impl Conv2d {
         kernel: [usize; 2],
         rng: &mut R,
     ) -> tapir::Result<Conv2d> {
+        const OP: &str = "Conv2d::new";
         let [kh, kw] = kernel;
+        if in_channels == 0 || out_channels == 0 || kh == 0 || kw == 0 {
+            return Err(crate::invalid(
+                OP,
+                format!(
+                    "in_channels {in_channels}, out_channels {out_channels} and kernel {kernel:?} must be positive"
+                ),
+            ));
+        }
         // Saturating: absurd sizes fail as shapes in `tensor` rather than overflow here.
         let area = kh.saturating_mul(kw);
         let (fan_in, fan_out) = (in_channels.saturating_mul(area), out_channels.saturating_mul(area));
-        let w = Init::RELU
-            .tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng)
-            .map_err(crate::in_op("Conv2d::new"))?;
+        let w =
+            Init::RELU.tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng).map_err(crate::in_op(OP))?;
         let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
         if store.find(&bn).is_some() {
-            return Err(crate::invalid("Conv2d::new", format!("a parameter named {bn:?} already exists")));
+            return Err(crate::invalid(OP, format!("a parameter named {bn:?} already exists")));
         }
+        // Made before the weight is added, so that a failure leaves the store unchanged.
+        let b = Tensor::zeros(&[out_channels]).map_err(crate::in_op(OP))?;
         let weight = store.add(wn, w)?;
-        let b = Tensor::zeros(&[out_channels]).map_err(crate::in_op("Conv2d::new"))?;
         let bias = Some(store.add(bn, b)?);
         Ok(Conv2d { weight, bias, stride: [1, 1], padding: [0, 0] })
     }

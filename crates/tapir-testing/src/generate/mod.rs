@@ -54,6 +54,13 @@ pub(crate) fn program(bytes: &[u8]) -> Program {
     Program { dtype, leaves, steps: g.steps, loss, reduce_loss, ending, arena_limit, threads }
 }
 
+impl Program {
+    /// Decodes a program; every byte string gives one (see [`crate::codes`] for the format).
+    pub fn from_bytes(bytes: &[u8]) -> Program {
+        program(bytes)
+    }
+}
+
 /// The generator's state: the reader and every value's shape so far.
 struct Gen<'a> {
     u: Unstructured<'a>,

@@ -20,5 +20,6 @@ pub mod codes;
 mod generate;
 mod model;
 pub mod program;
+pub mod structure;
 pub mod tensor_io;
 pub mod unstructured;

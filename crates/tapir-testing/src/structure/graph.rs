@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::parse::Crate;
+use super::report::{Finding, Import, Layers, MAX_LINES};
 use super::resolve::Target;
-use super::{Finding, Import, Layers, MAX_LINES};
 
 /// Every import of `krate` from one file to another, sorted and deduplicated.
 pub(crate) fn imports(krate: &Crate) -> Vec<Import> {
@@ -63,15 +63,14 @@ pub(crate) fn layer_of(layers: Layers<'_>, file: &str) -> Option<u8> {
         .map(|&(_, layer)| layer)
 }
 
-/// The findings of [`super::check_sources`].
+/// The findings of [`check_sources`](super::check_sources).
 pub(crate) fn check(krate: &Crate, layers: Option<Layers<'_>>) -> Vec<Finding> {
     let mut findings = vec![];
     for &(file, line) in &krate.path_attributes {
         findings.push(Finding::PathAttribute(krate.files[file].clone(), line));
     }
     let imports = imports(krate);
-    let root_files: BTreeSet<usize> =
-        krate.modules.iter().filter(|m| m.parent.is_none()).map(|m| m.file).collect();
+    let root_files: BTreeSet<usize> = krate.modules.iter().filter(|m| m.parent.is_none()).map(|m| m.file).collect();
     for import in imports.iter().filter(|i| i.via_root) {
         if !root_files.iter().any(|&f| krate.files[f] == import.from) {
             findings.push(Finding::ThroughRoot(import.clone()));

@@ -177,7 +177,8 @@ impl Crate {
                             continue;
                         }
                         if is(i + 2, '{') {
-                            let dir = format!("{}/{name}", self.modules[current].dir).trim_start_matches('/').to_string();
+                            let dir =
+                                format!("{}/{name}", self.modules[current].dir).trim_start_matches('/').to_string();
                             let inner = self.new_module(file, Some((current, name)), dir);
                             depth += 1;
                             frames.push((inner, depth));
@@ -256,7 +257,12 @@ fn skip_group(t: &[Token], open: usize) -> usize {
 
 /// Reads one use tree starting at `i` under `prefix` into `out` as (path, alias, glob);
 /// returns the index after it (after the `;` at the top level).
-fn use_tree(t: &[Token], mut i: usize, mut path: Vec<String>, out: &mut Vec<(Vec<String>, Option<String>, bool)>) -> usize {
+fn use_tree(
+    t: &[Token],
+    mut i: usize,
+    mut path: Vec<String>,
+    out: &mut Vec<(Vec<String>, Option<String>, bool)>,
+) -> usize {
     let top = path.is_empty();
     let finish = |i: usize| if top && t.get(i).is_some_and(|tok| tok.is(';')) { i + 1 } else { i };
     if t.get(i).is_some_and(|tok| tok.tok == Tok::PathSep) {

@@ -12,7 +12,7 @@
 use super::parse::{Crate, Use};
 
 /// How many `use` aliases one resolution may follow (a guard against alias loops).
-const MAX_HOPS: usize = 32;
+const MAX_HOPS: usize = 16;
 
 /// What a path names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,13 @@ impl Crate {
 
     /// What `name` stands for in module `at`: a definition, a child, a `use`, a glob.
     fn find(&self, at: usize, name: &str, hops: usize) -> Found {
+        self.find_in(at, name, hops, &mut vec![])
+    }
+
+    /// [`Self::find`], skipping the modules in `seen` (globs may import each other).
+    fn find_in(&self, at: usize, name: &str, hops: usize, seen: &mut Vec<usize>) -> Found {
         let m = &self.modules[at];
+        seen.push(at);
         if hops > MAX_HOPS {
             return Found::Missing;
         }
@@ -105,8 +111,8 @@ impl Crate {
         }
         for u in m.uses.iter().filter(|u| u.glob) {
             if let Some(Target::Module(source)) = self.resolve_hops(at, &u.path, hops + 1) {
-                if source != at {
-                    match self.find(source, name, hops + 1) {
+                if !seen.contains(&source) {
+                    match self.find_in(source, name, hops + 1, seen) {
                         Found::Target(target) => return Found::Target(mark(target)),
                         Found::Outside => return Found::Outside,
                         Found::Missing => {}

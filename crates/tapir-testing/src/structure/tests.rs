@@ -61,7 +61,13 @@ fn dollar_crate_in_macros_and_paths_in_code() {
         ("ops/matmul.rs", "pub fn relinear() {}"),
         ("v.rs", "fn g() { let _ = crate::ops::matmul::relinear(); std::mem::drop(1); }"),
     ]);
-    assert_eq!(e, ["m.rs:1 `$crate::ops::matmul::relinear` -> ops/matmul.rs", "v.rs:1 `crate::ops::matmul::relinear` -> ops/matmul.rs"]);
+    assert_eq!(
+        e,
+        [
+            "m.rs:1 `$crate::ops::matmul::relinear` -> ops/matmul.rs",
+            "v.rs:1 `crate::ops::matmul::relinear` -> ops/matmul.rs"
+        ]
+    );
 }
 
 #[test]

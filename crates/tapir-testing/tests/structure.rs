@@ -119,16 +119,20 @@ const DOCS: [&str; 2] = ["docs/architecture.md", "docs/adding-an-op.md"];
 /// blocks is a path when it has no whitespace, is made of `A-Za-z0-9_.-/` (plus one
 /// `{a,b}` group, expanded) and either contains a `/` after a component with a letter
 /// (`ops/`, `crates/tapir`, not `1/n`) or ends in `.rs`, `.md` or `.toml`. It exists when
-/// it names a file or folder relative to the repository root, or relative to the `src/` of
-/// any crate under `crates/` (docs name core files as `ops/mul.rs`, tapir-testing's as
-/// `program/interpret.rs`).
+/// it names a file or folder relative to the repository root, to any crate folder
+/// `crates/*/` (`tests/engine.rs`) or to any crate's `crates/*/src/` (docs name core files
+/// as `ops/mul.rs`, tapir-testing's as `program/interpret.rs`); a bare file name
+/// (`step.rs`) exists when a file of that name is anywhere under `crates/*/src/`.
 #[test]
 fn doc_paths_exist() {
     let root = workspace_root();
-    let srcs: Vec<_> = std::fs::read_dir(root.join("crates"))
+    let crates: Vec<_> = std::fs::read_dir(root.join("crates")).unwrap().map(|e| e.unwrap().path()).collect();
+    let srcs: Vec<_> = crates.iter().map(|c| c.join("src")).filter(|p| p.is_dir()).chain(crates.clone()).collect();
+    let names: Vec<String> = workspace_rs_files(&root)
         .unwrap()
-        .map(|e| e.unwrap().path().join("src"))
-        .filter(|p| p.is_dir())
+        .iter()
+        .filter(|f| f.starts_with("crates") && f.components().nth(2).is_some_and(|c| c.as_os_str() == "src"))
+        .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
         .collect();
     let mut missing = BTreeMap::new();
     for doc in DOCS {
@@ -144,7 +148,9 @@ fn doc_paths_exist() {
             .join("\n");
         for span in prose.split('`').skip(1).step_by(2) {
             for path in doc_path(span) {
-                let found = root.join(&path).exists() || srcs.iter().any(|src| src.join(&path).exists());
+                let found = root.join(&path).exists()
+                    || srcs.iter().any(|src| src.join(&path).exists())
+                    || (!path.contains('/') && names.contains(&path));
                 if !found {
                     missing.entry(path).or_insert_with(Vec::new).push(doc);
                 }

@@ -23,9 +23,9 @@ use tapir_nn::io;
 use tapir_nn::optim::Stateful;
 
 use crate::comm::Comm;
+use crate::data_parallel::DataParallel;
 use crate::error::{invalid, Error, Result};
 use crate::sampler::SamplerState;
-use crate::DataParallel;
 
 /// The training-loop state next to the parameters and the optimizer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -221,7 +221,7 @@ mod tests {
         let mut opt2 = Adam::new(&s2, 0.5).unwrap();
         let got = load(&mut dp, &path, &mut s2, &mut opt2).unwrap();
         assert_eq!(got, state);
-        assert_eq!(crate::params_hash(&s2), crate::params_hash(&s));
+        assert_eq!(crate::data_parallel::params_hash(&s2), crate::data_parallel::params_hash(&s));
         assert_eq!((opt2.steps(), tapir_nn::optim::Optimizer::lr(&opt2)), (7, 0.01));
         // Another optimizer or a missing file: an error, nothing loaded.
         let mut sgd = Sgd::new(&s2, 0.1).unwrap();

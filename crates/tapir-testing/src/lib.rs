@@ -22,5 +22,6 @@ mod generate;
 mod model;
 pub mod optimizer_io;
 pub mod program;
+pub mod structure;
 pub mod tensor_io;
 pub mod unstructured;

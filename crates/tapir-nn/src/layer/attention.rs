@@ -19,8 +19,8 @@
 use rand::Rng;
 use tapir::{Float, ParamStore, Var};
 
+use crate::init::Init;
 use crate::layer::{Ctx, Dropout, Linear, Module};
-use crate::Init;
 
 /// Causal multi-head self-attention over `[B, T, C]` inputs with `T ≤ context`.
 ///

@@ -6,8 +6,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Tensor, Var};
 
+use crate::init::Init;
 use crate::layer::{Ctx, Module};
-use crate::Init;
 
 /// A 2-D convolution (cross-correlation): `y[n, o] = Σ_c w[o, c] ⋆ x[n, c] + b[o]`, with
 /// weights `"{name}.weight"` `[out, in, kh, kw]` and bias `"{name}.bias"` `[out]`, as in
@@ -223,11 +223,11 @@ mod tests {
         let mut store = ParamStore::<f32>::new();
         let model = Sequential::new()
             .push(Conv2d::new(&mut store, "c1", 1, 4, [3, 3], &mut rng).unwrap().padding([1, 1]))
-            .push(crate::Activation::Relu)
+            .push(crate::layer::Activation::Relu)
             .push(MaxPool2d::new(2))
             .push(AvgPool2d::new(2))
             .push(Flatten)
-            .push(crate::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
+            .push(crate::layer::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
         let x = Tensor::<f32>::normal(&[5, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
         let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();

@@ -3,8 +3,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Var};
 
+use crate::init::Init;
 use crate::layer::{Activation, Ctx, Dropout, Module};
-use crate::Init;
 
 /// A fully connected layer: `y = x·W + b` with `W: [fan_in, fan_out]` (stored input-major,
 /// like JAX's `kernel`, so no transpose is needed) and `b: [fan_out]`. `x` may have any

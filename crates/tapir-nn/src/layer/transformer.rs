@@ -13,8 +13,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Tensor, Var};
 
+use crate::init::Init;
 use crate::layer::{CausalSelfAttention, Ctx, Embedding, LayerNorm, Linear, Module};
-use crate::Init;
 
 /// Learned positional embeddings: one vector of `dim` elements per position
 /// (`"{name}.weight"`, `[context, dim]`).

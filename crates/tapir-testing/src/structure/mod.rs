@@ -8,8 +8,9 @@
 //! module's `step::run`, a name a `use` bound) that names an item of another file. Items
 //! are traced to the file that *defines* them, through `pub use` chains and globs, so a
 //! folder's re-exporting `mod.rs` is a signpost, not a stop; a glob (`use super::*`)
-//! imports the module file it names; imports inside a `#[cfg(test)] mod tests` count
-//! against their file. A `pub use` of the module's own children is an alias, not an edge.
+//! imports the module file it names; a `#[cfg(test)]` module (inline or a file) is outside
+//! the graph, since a unit test may drive its rule through the public API (its lines still
+//! count for [`check_sizes`]). A `pub use` of the module's own children is an alias, not an edge.
 //! It reports, as [`Finding`]s:
 //!
 //! - with a layer table, every import of a higher layer and every circle among the files

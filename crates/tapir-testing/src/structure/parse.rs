@@ -23,6 +23,8 @@ pub(crate) struct Module {
     /// Items defined here, each with the file that defines it (an exported macro's file).
     pub(crate) items: BTreeMap<String, usize>,
     pub(crate) uses: Vec<Use>,
+    /// Declared under `#[cfg(test)]` (or inside such a module): outside the import graph.
+    test: bool,
 }
 
 /// One leaf of a `use` tree.
@@ -105,6 +107,7 @@ impl Crate {
     fn new_module(&mut self, file: usize, parent: Option<(usize, &str)>, dir: String) -> usize {
         let id = self.modules.len();
         let root = parent.map_or(id, |(p, _)| self.modules[p].root);
+        let test = parent.is_some_and(|(p, _)| self.modules[p].test);
         self.modules.push(Module {
             file,
             parent: parent.map(|(p, _)| p),
@@ -113,6 +116,7 @@ impl Crate {
             children: BTreeMap::new(),
             items: BTreeMap::new(),
             uses: vec![],
+            test,
         });
         if let Some((p, name)) = parent {
             self.modules[p].children.insert(name.to_string(), id);
@@ -133,6 +137,8 @@ impl Crate {
         let mut depth = 0;
         let mut public_at = usize::MAX;
         let mut exported = false;
+        // A `#[cfg(test)]` seen since the last item: the next `mod` is a test module.
+        let mut cfg_test = false;
         let mut i = 0;
         while i < t.len() {
             let (current, body) = *frames.last().expect("the file's own frame is never popped");
@@ -141,11 +147,17 @@ impl Crate {
                 match ident(open + 1) {
                     Some("path") => self.path_attributes.push((file, t[i].line)),
                     Some("macro_export") => exported = true,
+                    Some("cfg") if is(open + 2, '(') && ident(open + 3) == Some("test") && is(open + 4, ')') => {
+                        cfg_test = true;
+                    }
                     _ => {}
                 }
                 i = skip_group(t, open);
                 continue;
             }
+            // Carried past `pub` to the item it qualifies.
+            let test_attr = std::mem::take(&mut cfg_test);
+            cfg_test = test_attr && ident(i) == Some("pub");
             match ident(i) {
                 Some("pub") => {
                     i = if is(i + 1, '(') { skip_group(t, i + 1) } else { i + 1 };
@@ -155,7 +167,8 @@ impl Crate {
                 Some("use") if !is(i + 1, '<') => {
                     let mut leaves = vec![];
                     let end = use_tree(t, i + 1, vec![], &mut leaves);
-                    for (path, alias, glob) in leaves {
+                    let test = self.modules[current].test;
+                    for (path, alias, glob) in leaves.into_iter().filter(|_| !test) {
                         let public = public_at == i;
                         self.modules[current].uses.push(Use { line: t[i].line, path, alias, glob, public });
                     }
@@ -170,7 +183,9 @@ impl Crate {
                             let candidates = [format!("{prefix}{name}.rs"), format!("{prefix}{name}/mod.rs")];
                             if let Some(path) = candidates.iter().find(|p| sources.contains_key(*p)) {
                                 if !self.files.contains(path) {
-                                    declared.push(self.new_file_module(path, Some((current, name))));
+                                    let child = self.new_file_module(path, Some((current, name)));
+                                    self.modules[child].test |= test_attr;
+                                    declared.push(child);
                                 }
                             }
                             i += 3;
@@ -180,6 +195,7 @@ impl Crate {
                             let dir =
                                 format!("{}/{name}", self.modules[current].dir).trim_start_matches('/').to_string();
                             let inner = self.new_module(file, Some((current, name)), dir);
+                            self.modules[inner].test |= test_attr;
                             depth += 1;
                             frames.push((inner, depth));
                             i += 3;
@@ -217,7 +233,9 @@ impl Crate {
                     }
                     j += 2;
                 }
-                self.paths.push(CodePath { module: current, line: t[i].line, segments });
+                if !self.modules[current].test {
+                    self.paths.push(CodePath { module: current, line: t[i].line, segments });
+                }
                 i = j + 1;
                 continue;
             }

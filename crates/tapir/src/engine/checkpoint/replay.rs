@@ -2,7 +2,6 @@
 //! the engine hands in ([`NestedPass`]); for the recorded derivative, on the scope itself.
 
 use crate::dtype::Float;
-use crate::engine::backward::NestedPass;
 use crate::engine::nest::{nested, with_slice, CollectSmall, Small};
 use crate::error::{Error, Loc, Result};
 use crate::kernels;
@@ -10,7 +9,7 @@ use crate::record::checkpoint::Replay;
 use crate::record::core::take_held;
 use crate::record::ctx::{BackwardCtx, GradCtx};
 use crate::record::handles::{Core, Scope, Var};
-use crate::record::state::Seed;
+use crate::record::state::{NestedPass, Seed};
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
 

@@ -200,6 +200,7 @@ scalar_lhs!(f32);
 scalar_lhs!(f64);
 
 /// `da += ∂f/∂a ⊙ dout` and `db += ∂f/∂b ⊙ dout`, each summed over its broadcast dimensions.
+#[inline(never)]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

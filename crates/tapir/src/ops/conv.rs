@@ -350,6 +350,7 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
+#[inline(never)]
 pub(crate) fn backward_im2col<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -363,6 +364,7 @@ pub(crate) fn backward_im2col<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_max_pool2d<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -386,6 +388,7 @@ pub(crate) fn backward_max_pool2d<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_avg_pool2d<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -414,6 +417,7 @@ fn col2im_record<'s, T: Float>(
 }
 
 /// `dx += im2col(dout)`.
+#[inline(never)]
 pub(crate) fn backward_col2im<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

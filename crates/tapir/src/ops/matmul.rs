@@ -118,6 +118,7 @@ pub(crate) fn relinear<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -139,6 +140,7 @@ pub(crate) fn backward<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_linear<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -214,6 +214,7 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
+#[inline(never)]
 pub(crate) fn backward_sum<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -228,6 +229,7 @@ pub(crate) fn backward_sum<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_sum_axis<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -241,6 +243,7 @@ pub(crate) fn backward_sum_axis<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_select_axis<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -158,6 +158,7 @@ fn scatter_record<'s, T: Float>(
 }
 
 /// `dx += dout[.., start .. start + len, ..]`.
+#[inline(never)]
 pub(crate) fn backward_pad<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -178,6 +179,7 @@ pub(crate) fn backward_pad<'s, T: Float>(
 }
 
 /// `dx[.., j, ..] += dout[.., idx[j], ..]`.
+#[inline(never)]
 pub(crate) fn backward_scatter_add<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -193,6 +193,7 @@ fn concat_stored<'s, T: Float>(
     Ok((Op::Concat { first, count, axis: ax as u8 }, so, out))
 }
 
+#[inline(never)]
 pub(crate) fn backward_concat<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -216,6 +217,7 @@ pub(crate) fn backward_concat<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_index_select<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -238,6 +240,7 @@ pub(crate) fn backward_index_select<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_where<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -45,6 +45,7 @@ impl<'s, T: Float> Var<'s, T> {
     }
 }
 
+#[inline(never)]
 pub(crate) fn backward<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -195,6 +195,7 @@ impl<'s, T: Float> Var<'s, T> {
 }
 
 /// `dx += dout`: the value is the input's, reshaped.
+#[inline(never)]
 pub(crate) fn backward_reshape<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -206,6 +207,7 @@ pub(crate) fn backward_reshape<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_permute<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -223,6 +225,7 @@ pub(crate) fn backward_permute<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_broadcast<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -235,6 +238,7 @@ pub(crate) fn backward_broadcast<'s, T: Float>(
     Ok(())
 }
 
+#[inline(never)]
 pub(crate) fn backward_narrow<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
     out: NodeId<'s>,

@@ -41,6 +41,10 @@ bench-save BASE="main":
 bench-compare BASE="main":
     cargo bench -p benches -- --baseline {{BASE}}
 
+# W3 and W2 instruction counts (callgrind, 1 thread) against benches/baselines/*.tsv; flags any over +3%.
+baseline-diff:
+    benches/baselines/diff.sh
+
 # W1-W8 and W10 on Tapir, faer direct, candle, burn, PyTorch eager and torch.compile, jax.jit (if importable), one table (~25 min on 2 cores). ARGS: --help.
 compare *ARGS:
     cd benches/compare && cargo run --release -- {{ARGS}}
@@ -73,6 +77,25 @@ valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=def
 # The tests under AddressSanitizer and LeakSanitizer (nightly; std itself is not instrumented).
 asan:
     ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
+
+# Public API of tapir, tapir-nn and tapir-dist (nightly rustdoc JSON, tools/public_api.py) diffed against docs/public-api/CRATE.txt; a difference fails.
+public-api:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+    mkdir -p "$target/public-api"
+    externs=() status=0
+    for crate in tapir tapir-nn tapir-dist; do
+        cargo +nightly rustdoc -q -p $crate --lib -- -Z unstable-options --output-format json --document-hidden-items
+        json="$target/doc/${crate//-/_}.json"
+        python3 tools/public_api.py "$json" "${externs[@]}" > "$target/public-api/$crate.txt"
+        externs+=(--extern "$json")
+        if ! diff -u "docs/public-api/$crate.txt" "$target/public-api/$crate.txt"; then
+            echo "public-api: $crate differs; if intended: cp $target/public-api/$crate.txt docs/public-api/" >&2
+            status=1
+        fi
+    done
+    exit $status
 
 # Everything CI and a reviewer would run.
 ci: lint test

@@ -23,9 +23,9 @@ use tapir_nn::io;
 use tapir_nn::optim::Stateful;
 
 use crate::comm::Comm;
+use crate::data_parallel::DataParallel;
 use crate::error::{invalid, Error, Result};
 use crate::sampler::SamplerState;
-use crate::DataParallel;
 
 /// The training-loop state next to the parameters and the optimizer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -80,14 +80,20 @@ pub fn from_bytes<T: Float, O: Stateful<T> + ?Sized>(
     const OP: &str = "checkpoint::from_bytes";
     let mut tensors: HashMap<String, Tensor<T>> = io::read_checkpoint(bytes)?.into_iter().collect();
     let meta = io::read_metadata(bytes)?;
+    // Parsed without closures that build errors: `#[track_caller]` does not pass through
+    // closures, and every error must name the caller's line.
+    let location = std::panic::Location::caller();
+    let fail = |detail: String| Error::InvalidArgument { op: OP, detail, location };
     let number = |key: &str| -> Result<u64> {
-        let v = meta.get(key).ok_or_else(|| invalid(OP, format!("the checkpoint has no metadata {key:?}")))?;
-        v.parse().map_err(|e| invalid(OP, format!("metadata {key:?} = {v:?} is not a count: {e}")))
+        let v = meta.get(key).ok_or_else(|| fail(format!("the checkpoint has no metadata {key}")))?;
+        v.parse().map_err(|e| fail(format!("metadata {key} = {v:?} is not a count: {e}")))
     };
     let step = number("train.step")?;
+    let batch = number("sampler.batch")?;
     let sampler = SamplerState {
         epoch: number("sampler.epoch")?,
-        batch: usize::try_from(number("sampler.batch")?).map_err(|e| invalid(OP, e.to_string()))?,
+        batch: usize::try_from(batch)
+            .map_err(|_| fail(format!("metadata sampler.batch = {batch} does not fit a usize on this machine")))?,
     };
     let mut rngs: Vec<(String, u64)> = Vec::new();
     for key in meta.keys().filter(|k| k.starts_with("rng.")) {
@@ -97,18 +103,13 @@ pub fn from_bytes<T: Float, O: Stateful<T> + ?Sized>(
     for (_, name, t) in store.iter() {
         let key = format!("param.{name}");
         match tensors.get(&key) {
-            None => {
-                return Err(invalid(OP, format!("parameter {name:?} (shape {}) is not in the checkpoint", t.shape())))
-            }
+            None => return Err(fail(format!("parameter {name:?} (shape {}) is not in the checkpoint", t.shape()))),
             Some(f) if f.shape() != t.shape() => {
-                return Err(invalid(
-                    OP,
-                    format!(
-                        "parameter {name:?} has shape {} in the checkpoint but {} in the model",
-                        f.shape(),
-                        t.shape()
-                    ),
-                ))
+                return Err(fail(format!(
+                    "parameter {name:?} has shape {} in the checkpoint but {} in the model",
+                    f.shape(),
+                    t.shape()
+                )))
             }
             Some(_) => {}
         }
@@ -168,11 +169,14 @@ pub fn load<T: Float, C: Comm, O: Stateful<T> + ?Sized>(
     opt: &mut O,
 ) -> Result<TrainState> {
     let path = path.as_ref();
+    let location = std::panic::Location::caller();
     let mut bytes = Vec::new();
     let read = if dp.rank() == 0 {
-        std::fs::read(path)
-            .map(|b| bytes = b)
-            .map_err(|e| invalid("checkpoint::load", format!("cannot read {}: {e}", path.display())))
+        std::fs::read(path).map(|b| bytes = b).map_err(|e| Error::InvalidArgument {
+            op: "checkpoint::load",
+            detail: format!("cannot read {}: {e}", path.display()),
+            location,
+        })
     } else {
         Ok(())
     };
@@ -217,7 +221,7 @@ mod tests {
         let mut opt2 = Adam::new(&s2, 0.5).unwrap();
         let got = load(&mut dp, &path, &mut s2, &mut opt2).unwrap();
         assert_eq!(got, state);
-        assert_eq!(crate::params_hash(&s2), crate::params_hash(&s));
+        assert_eq!(crate::data_parallel::params_hash(&s2), crate::data_parallel::params_hash(&s));
         assert_eq!((opt2.steps(), tapir_nn::optim::Optimizer::lr(&opt2)), (7, 0.01));
         // Another optimizer or a missing file: an error, nothing loaded.
         let mut sgd = Sgd::new(&s2, 0.1).unwrap();

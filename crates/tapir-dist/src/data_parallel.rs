@@ -25,7 +25,7 @@
 use tapir::{Float, GradBuffer, ParamStore, Shape};
 
 use crate::comm::Comm;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, try_grow, try_vec, Error, Result};
 use crate::fault;
 
 /// How the summed gradient reaches every rank.
@@ -87,18 +87,39 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
     ///
     /// # Errors
     /// [`Error::ModelMismatch`], on every rank, naming the first differing rank, the
-    /// first differing parameter and both versions of it (name, dtype, shape).
+    /// first differing parameter and both versions of it (name, dtype, shape);
+    /// [`Error::RankFailed`], on every rank, if a rank could not allocate its two reduction
+    /// buffers (its message is that rank's [`Error::OutOfMemory`]).
+    #[track_caller]
     pub fn new(comm: C, store: &mut ParamStore<T>) -> Result<DataParallel<T, C>> {
+        const OP: &str = "DataParallel::new";
+        // Gathered in place of a parameter index: this rank could not allocate its buffers.
+        const NO_MEMORY: u64 = u64::MAX - 1;
         let mine = describe(store);
         let mut bytes = if comm.rank() == 0 { mine.join("\n").into_bytes() } else { Vec::new() };
         comm.broadcast_bytes(0, &mut bytes);
         let text = String::from_utf8(bytes).expect("rank 0 sent the UTF-8 it made");
         let root: Vec<&str> = if text.is_empty() { Vec::new() } else { text.split('\n').collect() };
+        let numel = store.numel();
+        // The model exists, so `numel` is a real size, but two more copies of it may not
+        // fit: allocate fallibly and let every rank hear of a failure before any waits.
+        let len = numel.saturating_add(1).saturating_add(comm.size());
+        let buffers = try_vec(OP, "the reduction buffers", len, T::ZERO)
+            .and_then(|send| Ok((send, try_vec(OP, "the reduction buffers", len, T::ZERO)?)));
         let first_diff = (0..root.len().max(mine.len()))
             .find(|&i| root.get(i).copied() != mine.get(i).map(String::as_str))
             .map_or(u64::MAX, |i| i as u64);
         let mut diffs = vec![0; comm.size()];
-        comm.all_gather_u64(first_diff, &mut diffs);
+        comm.all_gather_u64(if buffers.is_err() { NO_MEMORY } else { first_diff }, &mut diffs);
+        if let Some(rank) = diffs.iter().position(|&d| d == NO_MEMORY) {
+            let mut message = match &buffers {
+                Err(e) if comm.rank() == rank => e.to_string().into_bytes(),
+                _ => Vec::new(),
+            };
+            comm.broadcast_bytes(rank, &mut message);
+            let message = String::from_utf8_lossy(&message).into_owned();
+            return Err(Error::RankFailed { op: OP, rank, size: comm.size(), message });
+        }
         if let Some(rank) = diffs.iter().position(|&d| d != u64::MAX) {
             let index = usize::try_from(diffs[rank]).expect("an index into this rank's parameters");
             let mut theirs = if comm.rank() == rank {
@@ -111,17 +132,16 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
             let theirs = String::from_utf8(theirs).expect("the rank sent the UTF-8 it made");
             return Err(Error::ModelMismatch { rank, index, root, theirs });
         }
+        let (send, recv) = buffers.expect("every rank allocated its buffers, this one included");
         let shapes: Vec<Shape> = store.iter().map(|(_, _, t)| t.shape()).collect();
         let names: Vec<String> = store.iter().map(|(_, n, _)| n.to_string()).collect();
-        let numel = store.numel();
-        let len = numel + 1 + comm.size();
         let mut dp = DataParallel {
             reduction: Reduction::default(),
             names,
             shapes,
             numel,
-            send: vec![T::ZERO; len],
-            recv: vec![T::ZERO; len],
+            send,
+            recv,
             pending: 0,
             has_pending: false,
             metrics_send: Vec::new(),
@@ -207,17 +227,20 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         self.check_grads(OP, grads)?;
         // The sample count travels in the gradient buffer, as `T`: exact up to 2^24 in f32.
         let limit = if T::NAME == "f32" { 1usize << 24 } else { 1usize << 53 };
-        if self.pending + samples > limit / self.comm.size() {
+        // Checked: a huge `samples` must not wrap the pending count back under the limit.
+        let pending = self.pending.checked_add(samples).filter(|&n| n <= limit / self.comm.size());
+        let Some(pending) = pending else {
             return Err(invalid(
                 OP,
                 format!(
-                    "{} samples pending on each of {} ranks exceed {limit}, the largest count {} holds exactly",
-                    self.pending + samples,
+                    "{} pending + {samples} new samples on each of {} ranks exceed {limit}, the largest count {} \
+                     holds exactly",
+                    self.pending,
                     self.comm.size(),
                     T::NAME
                 ),
             ));
-        }
+        };
         let w = T::from_usize(samples);
         // The buffer is one slice in the model's layout (checked above): one pass over it.
         let g = grads.as_mut_slice();
@@ -229,7 +252,7 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
         }
         g.fill(T::ZERO);
         self.has_pending = true;
-        self.pending += samples;
+        self.pending = pending;
         Ok(())
     }
 
@@ -341,27 +364,62 @@ impl<T: Float, C: Comm> DataParallel<T, C> {
 
     /// Replaces `values` by their weighted mean over the ranks, `Σ_r w_r·v_r / Σ_r w_r`,
     /// with `weight` this rank's `w_r` (its sample count, for a loss or an accuracy). One
-    /// collective; allocation-free once called with the longest `values`.
+    /// collective, of `values.len() + 1 + size` numbers: the weighted values, the weight,
+    /// and one slot per rank holding its weight if that weight is invalid; allocation-free
+    /// once called with the longest `values`.
+    ///
+    /// Every rank decides from the reduced slots, so every rank returns the same outcome
+    /// and none is left waiting. `values` is unchanged on error.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] on every rank if the weights sum to zero.
+    /// On every rank, [`Error::InvalidArgument`] naming the first rank whose weight is NaN,
+    /// infinite or negative, with that weight; or if the weights sum to zero or to a
+    /// non-finite number; [`Error::OutOfMemory`] (on this rank only, before any
+    /// collective) if the buffers for `values` cannot be allocated.
     #[track_caller]
     pub fn mean_metrics(&mut self, values: &mut [f64], weight: f64) -> Result<()> {
-        let n = values.len();
-        if self.metrics_send.len() < n + 1 {
-            self.metrics_send.resize(n + 1, 0.0);
-            self.metrics_recv.resize(n + 1, 0.0);
+        const OP: &str = "DataParallel::mean_metrics";
+        let (n, size, rank) = (values.len(), self.comm.size(), self.comm.rank());
+        // `values` exists and a world is small, so this cannot overflow in practice;
+        // saturating all the same (a saturated size fails in `try_grow`, typed).
+        let len = n.saturating_add(1 + size);
+        if self.metrics_send.len() < len {
+            try_grow(OP, "the metric buffers", &mut self.metrics_send, len)?;
+            try_grow(OP, "the metric buffers", &mut self.metrics_recv, len)?;
+            self.metrics_send.resize(len, 0.0);
+            self.metrics_recv.resize(len, 0.0);
         }
-        for (s, &v) in self.metrics_send.iter_mut().zip(values.iter()) {
-            *s = weight * v;
+        let (send, recv) = (&mut self.metrics_send[..len], &mut self.metrics_recv[..len]);
+        let valid = weight.is_finite() && weight >= 0.0;
+        // An invalid weight contributes nothing but its slot, so no NaN enters the sums.
+        let w = if valid { weight } else { 0.0 };
+        for (s, &v) in send.iter_mut().zip(values.iter()) {
+            *s = w * v;
         }
-        self.metrics_send[n] = weight;
-        self.comm.all_reduce_sum(&self.metrics_send[..=n], &mut self.metrics_recv[..=n]);
-        let total = self.metrics_recv[n];
-        if total == 0.0 {
-            return Err(invalid("DataParallel::mean_metrics", "the weights of all ranks sum to 0"));
+        send[n] = w;
+        send[n + 1..].fill(0.0);
+        if !valid {
+            send[n + 1 + rank] = weight;
         }
-        for (v, &s) in values.iter_mut().zip(&self.metrics_recv) {
+        self.comm.all_reduce_sum(send, recv);
+        // Slot `r` is rank r's weight plus zeros: non-zero (or NaN) exactly when invalid.
+        if let Some(bad) = recv[n + 1..].iter().position(|&b| b != 0.0) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "rank {bad} of {size} passed the weight {}; weights must be finite and non-negative",
+                    recv[n + 1 + bad]
+                ),
+            ));
+        }
+        let total = recv[n];
+        if !(total.is_finite() && total > 0.0) {
+            return Err(invalid(
+                OP,
+                format!("the weights of all {size} ranks sum to {total}; the sum must be positive and finite"),
+            ));
+        }
+        for (v, &s) in values.iter_mut().zip(recv.iter()) {
             *v = s / total;
         }
         Ok(())
@@ -430,174 +488,4 @@ pub fn params_hash<T: Float>(store: &ParamStore<T>) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::comm::Local;
-    use tapir::{Graph, Tensor};
-
-    fn store(width: usize) -> ParamStore<f64> {
-        let mut s = ParamStore::new();
-        s.add("w", Tensor::from_vec((0..width).map(|i| i as f64).collect(), &[width]).unwrap()).unwrap();
-        s.add("b", Tensor::scalar(0.5)).unwrap();
-        s
-    }
-
-    /// Fills `grads` with the gradient of `L = mean_i Σ_j (w_j − x_i)²` over `xs`:
-    /// `dL/dw_j = 2·(w_j − mean(x))`, `dL/db = 0`.
-    fn grad_of(store: &ParamStore<f64>, grads: &mut GradBuffer<f64>, xs: &[f64]) {
-        let w = store.find("w").unwrap();
-        let width = store.get(w).unwrap().numel();
-        let mut g = Graph::new();
-        let x = Tensor::from_vec(xs.iter().flat_map(|&x| vec![x; width]).collect(), &[xs.len(), width]).unwrap();
-        g.scope(|s| {
-            let l = (s.param(store, w) - s.input(&x)).square().sum() / xs.len() as f64;
-            s.backward_into(l, grads).unwrap();
-        });
-    }
-
-    #[test]
-    fn local_accumulation_is_the_mean_over_every_sample() {
-        let mut s = store(3);
-        let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like().unwrap();
-        // Micro-batches of 1 and 3 samples: the mean of x over all 4 is (1 + 2 + 3 + 6)/4 = 3.
-        grad_of(&s, &mut grads, &[1.0]);
-        dp.accumulate(&mut grads, 1).unwrap();
-        assert!(grads.iter().all(|(_, g)| g.data().iter().all(|&v| v == 0.0)), "accumulate zeroes grads");
-        grad_of(&s, &mut grads, &[2.0, 3.0, 6.0]);
-        dp.accumulate(&mut grads, 3).unwrap();
-        assert_eq!(dp.all_reduce(&mut grads).unwrap(), Reduced { samples: 4 });
-        let w = s.find("w").unwrap();
-        let want: Vec<f64> = (0..3).map(|j| 2.0 * (j as f64 - 3.0)).collect();
-        let got = grads.get(w).unwrap().data();
-        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?} vs {want:?}");
-    }
-
-    #[test]
-    fn step_reports_errors_and_panics_as_rank_failures() {
-        let mut s = store(2);
-        let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like().unwrap();
-        let e = dp.step(&mut grads, |_| Err::<usize, _>("out of data")).unwrap_err();
-        assert!(matches!(&e, Error::RankFailed { rank: 0, size: 1, .. }), "{e}");
-        assert!(e.to_string().contains("rank 0 of 1 failed") && e.to_string().contains("out of data"), "{e}");
-        let e = dp.step(&mut grads, |_| -> std::result::Result<usize, String> { panic!("index 9 out of range") });
-        let e = e.unwrap_err().to_string();
-        assert!(e.contains("panicked: index 9 out of range"), "{e}");
-        // After a failure the next step works again.
-        let r = dp.step(&mut grads, |g| {
-            grad_of(&s, g, &[1.0]);
-            Ok::<_, String>(1)
-        });
-        assert_eq!(r.unwrap().samples, 1);
-    }
-
-    #[test]
-    fn zero_samples_everywhere_is_an_error() {
-        let mut s = store(2);
-        let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut grads = s.zeros_like().unwrap();
-        let e = dp.all_reduce(&mut grads).unwrap_err().to_string();
-        assert!(e.contains("no rank had a sample"), "{e}");
-        let other = store(3).zeros_like().unwrap();
-        let e = dp.accumulate(&mut other.clone(), 1).unwrap_err().to_string();
-        assert!(e.contains("parameter \"w\" has shape [2] but its gradient [3]"), "{e}");
-        assert!(dp.accumulate(&mut s.zeros_like().unwrap(), 1 << 60).is_err());
-    }
-
-    #[test]
-    fn metrics_are_weighted_means() {
-        let mut s = store(1);
-        let mut dp = DataParallel::new(Local, &mut s).unwrap();
-        let mut m = [2.0, 0.25];
-        dp.mean_metrics(&mut m, 8.0).unwrap();
-        assert_eq!(m, [2.0, 0.25]);
-        assert!(dp.mean_metrics(&mut m, 0.0).is_err());
-        dp.check_in_sync(&s).unwrap();
-        assert_eq!(dp.agree(Ok::<_, String>(3)).unwrap(), 3);
-        assert!(dp.agree(Err::<(), _>("no file")).unwrap_err().to_string().contains("no file"));
-    }
-
-    use crate::comm::threads;
-
-    #[test]
-    fn three_ranks_weight_uneven_shards_and_agree_bitwise() {
-        let out = threads::run(3, |comm| {
-            // Every rank starts elsewhere; rank 0's values win.
-            let mut s = store(2);
-            let w = s.find("w").unwrap();
-            s.get_mut(w).unwrap().data_mut().fill(comm.rank() as f64 * 10.0);
-            let mut dp = DataParallel::new(comm, &mut s).unwrap();
-            let mut grads = s.zeros_like().unwrap();
-            // Ranks hold 2, 1 and 0 samples of {1, 2, 6}: the global mean of x is 3.
-            let xs: &[f64] = [&[1.0, 2.0][..], &[6.0][..], &[][..]][dp.rank()];
-            let r = dp
-                .step(&mut grads, |g| {
-                    if !xs.is_empty() {
-                        grad_of(&s, g, xs);
-                    }
-                    Ok::<_, String>(xs.len())
-                })
-                .unwrap();
-            assert_eq!(r.samples, 3);
-            let mut m = [dp.rank() as f64];
-            dp.mean_metrics(&mut m, (dp.rank() + 1) as f64).unwrap();
-            dp.check_in_sync(&s).unwrap();
-            (s.get(w).unwrap().data().to_vec(), grads.get(w).unwrap().data().to_vec(), m[0])
-        });
-        for (w, g, m) in &out {
-            assert_eq!(w, &[0.0, 0.0], "rank 0's parameters were broadcast");
-            // dL/dw_j = 2·(w_j − mean x) = 2·(0 − 3).
-            assert_eq!(g, &[-6.0, -6.0]);
-            // Σ r·(r + 1) / Σ (r + 1) = (0 + 2 + 6)/6.
-            assert!((m - 8.0 / 6.0).abs() < 1e-15, "{m}");
-        }
-    }
-
-    #[test]
-    fn a_failed_rank_is_named_on_every_rank() {
-        let out = threads::run(3, |comm| {
-            let mut s = store(2);
-            let mut dp = DataParallel::new(comm, &mut s).unwrap();
-            let mut grads = s.zeros_like().unwrap();
-            let rank = dp.rank();
-            let e = dp
-                .step(&mut grads, |g| {
-                    if rank == 1 {
-                        return Err("no more data".to_string());
-                    }
-                    grad_of(&s, g, &[1.0]);
-                    Ok(1)
-                })
-                .unwrap_err();
-            let agreed = dp.agree(if rank == 2 { Err("bad shard") } else { Ok(()) }).unwrap_err();
-            (e.to_string(), agreed.to_string())
-        });
-        for (step, agreed) in &out {
-            assert!(step.contains("rank 1 of 3 failed") && step.contains("no more data"), "{step}");
-            assert!(agreed.contains("rank 2 of 3 failed") && agreed.contains("bad shard"), "{agreed}");
-        }
-    }
-
-    #[test]
-    fn a_different_model_is_refused_on_every_rank() {
-        let out = threads::run(3, |comm| {
-            let mut s = store(if comm.rank() == 2 { 3 } else { 2 });
-            DataParallel::new(comm, &mut s).unwrap_err().to_string()
-        });
-        for e in &out {
-            assert!(e.contains("rank 2's parameter 0 is \"w\" f64 [3] but rank 0's is \"w\" f64 [2]"), "{e}");
-        }
-    }
-
-    #[test]
-    fn hash_sees_one_bit() {
-        let a = store(4);
-        let mut b = a.clone();
-        let w = b.find("w").unwrap();
-        let v = &mut b.get_mut(w).unwrap().data_mut()[2];
-        *v = f64::from_bits(v.to_bits() ^ 1);
-        assert_ne!(params_hash(&a), params_hash(&b));
-        assert_eq!(params_hash(&a), params_hash(&a.clone()));
-    }
-}
+mod tests;

@@ -51,6 +51,22 @@ pub enum Error {
         /// The caller's source location.
         location: tapir::Loc,
     },
+    /// A buffer whose size the caller chose (a sampler's permutation, a reduction buffer)
+    /// could not be allocated: its byte count is past `isize::MAX`, or the allocator
+    /// refused it. Nothing was changed.
+    #[error("{op}: out of memory allocating {what}: {count} elements of {elem_bytes} bytes ({}) (at {location})", bytes(*.count, *.elem_bytes))]
+    OutOfMemory {
+        /// The function called.
+        op: &'static str,
+        /// The buffer (`"the permutation"`).
+        what: &'static str,
+        /// Elements requested.
+        count: usize,
+        /// Bytes per element.
+        elem_bytes: usize,
+        /// The caller's source location.
+        location: tapir::Loc,
+    },
     /// An error from the engine or the layers (a shape mismatch, a bad checkpoint, ...).
     #[error(transparent)]
     Tapir(#[from] tapir::Error),
@@ -59,4 +75,35 @@ pub enum Error {
 #[track_caller]
 pub(crate) fn invalid(op: &'static str, detail: impl Into<String>) -> Error {
     Error::InvalidArgument { op, detail: detail.into(), location: std::panic::Location::caller() }
+}
+
+/// `count · elem_bytes` in words: the byte count, or that it exceeds what one allocation
+/// may hold (`isize::MAX` bytes).
+fn bytes(count: usize, elem_bytes: usize) -> String {
+    match count.checked_mul(elem_bytes) {
+        Some(b) if b <= isize::MAX as usize => format!("{b} bytes"),
+        _ => "more than isize::MAX bytes".to_string(),
+    }
+}
+
+/// A `Vec` of `count` copies of `value`, allocated fallibly: the byte count is checked
+/// before anything is requested, and a refusal is [`Error::OutOfMemory`], not an abort.
+#[track_caller]
+pub(crate) fn try_vec<V: Clone>(op: &'static str, what: &'static str, count: usize, value: V) -> Result<Vec<V>> {
+    let mut v = Vec::new();
+    try_grow(op, what, &mut v, count)?;
+    v.resize(count, value);
+    Ok(v)
+}
+
+/// Makes room for `v` to hold `count` elements in all (fallibly, as [`try_vec`]); `v`
+/// is unchanged on error.
+#[track_caller]
+pub(crate) fn try_grow<V>(op: &'static str, what: &'static str, v: &mut Vec<V>, count: usize) -> Result<()> {
+    let (elem_bytes, location) = (std::mem::size_of::<V>(), std::panic::Location::caller());
+    let oom = || Error::OutOfMemory { op, what, count, elem_bytes, location };
+    if count.checked_mul(elem_bytes).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(oom());
+    }
+    v.try_reserve_exact(count.saturating_sub(v.len())).map_err(|_| oom())
 }

@@ -14,7 +14,7 @@
 //! `seed` and the epoch, defined here rather than borrowed from `rand`, so that a
 //! checkpoint resumes the same order with any version of any dependency.
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, try_vec, Result};
 
 /// Steele, Lea and Flood's SplitMix64: a 64-bit state, one multiply-xorshift output.
 /// Small enough to checkpoint as one `u64` ([`SplitMix64::state`]).
@@ -43,8 +43,13 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
-    /// A uniform integer in `0..n` (`n > 0`), by Lemire's multiply-and-reject.
+    /// A uniform integer in `0..n`, by Lemire's multiply-and-reject. `n = 0` stands for
+    /// `2^64` (the count `n` wraps to in `u64`): the result is then uniform over every
+    /// `u64`, as [`SplitMix64::next_u64`]; it never panics.
     pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            return self.next_u64();
+        }
         let threshold = n.wrapping_neg() % n;
         loop {
             let m = u128::from(self.next_u64()) * u128::from(n);
@@ -82,7 +87,9 @@ impl DistributedSampler {
     /// of `size`, at epoch 0.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] if `len` or `global_batch` is 0 or `rank >= size`.
+    /// [`crate::Error::InvalidArgument`] if `len` or `global_batch` is 0 or `rank >= size`;
+    /// [`crate::Error::OutOfMemory`] if the permutation (`len` indices) cannot be allocated,
+    /// its byte count past `isize::MAX` included.
     #[track_caller]
     pub fn new(len: usize, global_batch: usize, rank: usize, size: usize, seed: u64) -> Result<DistributedSampler> {
         const OP: &str = "DistributedSampler::new";
@@ -100,7 +107,7 @@ impl DistributedSampler {
             seed,
             shuffle: true,
             state: SamplerState::default(),
-            perm: Vec::with_capacity(len),
+            perm: try_vec(OP, "the permutation", len, 0)?,
         };
         s.permute();
         Ok(s)
@@ -115,8 +122,8 @@ impl DistributedSampler {
     }
 
     fn permute(&mut self) {
-        self.perm.clear();
-        self.perm.extend(0..self.len);
+        // `perm` holds `len` elements from `new` on, so this rewrites it without allocating.
+        self.perm.iter_mut().enumerate().for_each(|(i, p)| *p = i);
         if self.shuffle {
             // Mix the epoch into the seed through one SplitMix step, so that epochs e and
             // seeds s never collide as `seed + epoch` would.
@@ -165,14 +172,18 @@ impl DistributedSampler {
         self.permute();
     }
 
-    /// The global batch `batch` of the current epoch, in permutation order.
+    /// The global batch `batch` of the current epoch, in permutation order; empty for a
+    /// batch past the epoch (`batch >= batches_per_epoch()`, however large).
     pub fn global(&self, batch: usize) -> &[usize] {
-        let start = (batch * self.global_batch).min(self.len);
-        &self.perm[start..(start + self.global_batch).min(self.len)]
+        // `batch · global_batch` may overflow for a huge `batch`; such a batch starts past
+        // the epoch, like any other `start >= len`.
+        let start = batch.checked_mul(self.global_batch).map_or(self.len, |s| s.min(self.len));
+        // `start ≤ len`, so `len - start` cannot underflow and the end stays within `len`.
+        &self.perm[start..start + self.global_batch.min(self.len - start)]
     }
 
     /// This rank's shard of global batch `batch`: the `rank`-th of `size` contiguous
-    /// pieces, the first `n % size` one longer.
+    /// pieces, the first `n % size` one longer. Empty for a batch past the epoch.
     pub fn shard(&self, batch: usize) -> &[usize] {
         let global = self.global(batch);
         let (q, r) = (global.len() / self.size, global.len() % self.size);
@@ -236,6 +247,45 @@ mod tests {
         assert_eq!(seq.shard(2), [] as [usize; 0]);
         assert!(DistributedSampler::new(5, 2, 2, 2, 0).is_err());
         assert!(DistributedSampler::new(0, 2, 0, 2, 0).is_err());
+    }
+
+    #[test]
+    fn batches_past_the_epoch_are_empty_however_large() {
+        let s = DistributedSampler::new(10, 4, 1, 2, 3).unwrap().sequential();
+        assert_eq!(s.global(2), [8, 9]);
+        for batch in [3, 4, usize::MAX / 4 + 1, usize::MAX / 2, usize::MAX] {
+            assert_eq!(s.global(batch), [] as [usize; 0], "batch {batch}");
+            assert_eq!(s.shard(batch), [] as [usize; 0], "batch {batch}");
+        }
+        // A global batch larger than the dataset: one short batch, then nothing.
+        let wide = DistributedSampler::new(3, usize::MAX, 0, 1, 0).unwrap().sequential();
+        assert_eq!((wide.global(0), wide.global(1)), (&[0, 1, 2][..], &[][..]));
+    }
+
+    #[test]
+    fn a_permutation_too_large_to_allocate_is_a_typed_error() {
+        // 2⁶² indices of 8 bytes: 2⁶⁵ bytes, past isize::MAX (no allocator is asked).
+        let line = line!() + 1;
+        let e = DistributedSampler::new(1 << 62, 4, 0, 1, 0).unwrap_err();
+        let crate::Error::OutOfMemory { op, what, count, elem_bytes, location } = &e else { panic!("{e}") };
+        assert_eq!((*op, *what, *count, *elem_bytes), ("DistributedSampler::new", "the permutation", 1 << 62, 8));
+        assert_eq!((location.file(), location.line()), (file!(), line));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "DistributedSampler::new: out of memory allocating the permutation: 4611686018427387904 elements \
+                 of 8 bytes (more than isize::MAX bytes) (at {location})"
+            )
+        );
+    }
+
+    #[test]
+    fn below_zero_is_the_whole_u64_range_and_never_panics() {
+        let (mut a, mut b) = (SplitMix64::new(11), SplitMix64::new(11));
+        for _ in 0..100 {
+            assert_eq!(a.below(0), b.next_u64());
+        }
+        assert_eq!(SplitMix64::new(1).below(1), 0);
     }
 
     #[test]

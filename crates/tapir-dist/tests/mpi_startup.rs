@@ -1,6 +1,7 @@
 //! Under mpirun with 1, 2 and 4 ranks: rank 0's parameters reach every rank, and a rank
 //! whose model differs from rank 0's fails at start on every rank, with an error naming
 //! it and the first differing parameter (a different width, dtype, an extra parameter).
+//! Also: one rank's NaN metric weight fails `mean_metrics` on every rank with one error.
 
 mod common;
 
@@ -16,9 +17,28 @@ fn main() {
     let (mut store, _) = model::<f32>(12, 100 + rank as u64);
     let mut before = vec![0u64; size];
     comm.all_gather_u64(params_hash(&store), &mut before);
-    let _dp = DataParallel::new(&comm, &mut store).unwrap();
+    let mut dp = DataParallel::new(&comm, &mut store).unwrap();
     ensure(&comm, params_hash(&store) == before[0], "after DataParallel::new every rank holds rank 0's parameters");
     say(&comm, "ok: rank 0's parameters are broadcast");
+
+    // A NaN metric weight on the last rank: every rank returns the same error (decided
+    // from the reduced slots), none hangs, and the next call works.
+    let victim = size - 1;
+    let mut m = [rank as f64, 1.0];
+    let weight = if rank == victim { f64::NAN } else { 2.0 };
+    match dp.mean_metrics(&mut m, weight) {
+        Err(Error::InvalidArgument { op: "DataParallel::mean_metrics", detail, .. }) => ensure(
+            &comm,
+            detail == format!("rank {victim} of {size} passed the weight NaN; weights must be finite and non-negative")
+                && m == [rank as f64, 1.0],
+            format!("mean_metrics with a NaN weight: {detail}, values {m:?}"),
+        ),
+        other => ensure(&comm, false, format!("mean_metrics with a NaN weight: {other:?}")),
+    }
+    dp.mean_metrics(&mut m, 1.0).unwrap();
+    ensure(&comm, m[1] == 1.0, format!("mean_metrics after the refused call: {m:?}"));
+    say(&comm, "ok: a NaN metric weight fails every rank alike");
+    drop(dp);
 
     if size == 1 {
         return;

@@ -8,12 +8,26 @@ use tapir::{Float, ParamId, ParamStore, Tensor};
 /// The number of elements of the parameters `ids` together.
 ///
 /// # Errors
-/// [`tapir::Error::UnknownParam`] if an id is foreign to `store`.
+/// [`tapir::Error::UnknownParam`] if an id is foreign to `store`;
+/// [`tapir::Error::InvalidArgument`] if the count overflows `usize` (an id repeated
+/// very many times).
 #[track_caller]
 pub fn flat_len<T: Float>(store: &ParamStore<T>, ids: &[ParamId]) -> tapir::Result<usize> {
-    let mut n = 0;
-    for &id in ids {
-        n += store.get(id)?.numel();
+    let mut n: usize = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        let numel = store.get(id)?.numel();
+        n = match n.checked_add(numel) {
+            Some(n) => n,
+            None => {
+                return Err(crate::invalid(
+                    "flat_len",
+                    format!(
+                        "the {} parameters' element count overflows usize at parameter {i} ({numel} elements)",
+                        ids.len()
+                    ),
+                ))
+            }
+        };
     }
     Ok(n)
 }
@@ -22,10 +36,22 @@ pub fn flat_len<T: Float>(store: &ParamStore<T>, ids: &[ParamId]) -> tapir::Resu
 /// [`Ctx::with_params`](crate::Ctx::with_params) reads.
 ///
 /// # Errors
-/// [`tapir::Error::UnknownParam`] if an id is foreign to `store`.
+/// [`tapir::Error::UnknownParam`] if an id is foreign to `store`; as [`flat_len`];
+/// [`tapir::Error::TensorOutOfMemory`] if the flat vector cannot be allocated (ids may
+/// repeat, so it can be far larger than the store).
 #[track_caller]
 pub fn flatten_params<T: Float>(store: &ParamStore<T>, ids: &[ParamId]) -> tapir::Result<Tensor<T>> {
-    let mut data = Vec::with_capacity(flat_len(store, ids)?);
+    let n = flat_len(store, ids)?;
+    let location = std::panic::Location::caller();
+    let mut data = Vec::new();
+    // `try_reserve_exact` refuses a byte count past `isize::MAX` as well as a refusal of
+    // the allocator, so both are this typed error rather than an abort.
+    data.try_reserve_exact(n).map_err(|_| tapir::Error::TensorOutOfMemory {
+        op: "flatten_params",
+        shape: tapir::Shape::new(&[n]).unwrap_or(tapir::Shape::scalar()),
+        requested: n.saturating_mul(std::mem::size_of::<T>()),
+        location,
+    })?;
     for &id in ids {
         data.extend_from_slice(store.get(id)?.data());
     }

@@ -189,11 +189,28 @@ pub fn optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
 
 /// Restores an optimizer from [`optimizer_tensors`]' output, all-or-nothing: everything is
 /// checked (kind, counters, every buffer of every parameter and its shape) before anything
-/// is written.
+/// is written. The learning rate must pass the constructors' check (finite in `f64` and in
+/// `T`, non-negative) and the step count must leave room for one more step, exactly as
+/// [`Optimizer::step`](crate::optim::Optimizer::step) requires.
 ///
 /// # Errors
-/// [`Error::Io`] naming the first missing or mismatched entry; the optimizer is unchanged.
+/// [`Error::Io`] naming the first missing or mismatched entry;
+/// [`Error::InvalidArgument`] (naming `load_optimizer_tensors` and the caller's line) for a
+/// learning rate or step count the optimizer would refuse. The optimizer is unchanged.
+#[track_caller]
 pub fn load_optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
+    store: &ParamStore<T>,
+    opt: &mut O,
+    prefix: &str,
+    tensors: &HashMap<String, Tensor<T>>,
+    metadata: &HashMap<String, String>,
+) -> tapir::Result<()> {
+    load_optimizer("load_optimizer_tensors", store, opt, prefix, tensors, metadata)
+}
+
+#[track_caller]
+fn load_optimizer<T: Float, O: Stateful<T> + ?Sized>(
+    op: &'static str,
     store: &ParamStore<T>,
     opt: &mut O,
     prefix: &str,
@@ -203,16 +220,28 @@ pub fn load_optimizer_tensors<T: Float, O: Stateful<T> + ?Sized>(
     let meta = |key: &str| {
         metadata
             .get(&format!("{prefix}{key}"))
-            .ok_or_else(|| io("load", format!("the checkpoint has no optimizer entry {prefix}{key:?}")))
+            .ok_or_else(|| io("load", format!("the checkpoint has no optimizer entry {prefix}{key}")))
     };
     let kind = meta("kind")?;
     if kind != opt.kind() {
         return Err(io("load", format!("the checkpoint holds {kind} state but the optimizer is {}", opt.kind())));
     }
-    let steps: u64 = meta("steps")?.parse().map_err(|e| io("load", format!("optimizer step count: {e}")))?;
-    let lr: f64 = meta("lr")?.parse().map_err(|e| io("load", format!("optimizer learning rate: {e}")))?;
+    let steps = meta("steps")?;
+    let steps: u64 =
+        steps.parse().map_err(|e| io("load", format!("optimizer step count {prefix}steps = {steps:?}: {e}")))?;
+    let lr = meta("lr")?;
+    let lr: f64 = lr.parse().map_err(|e| io("load", format!("optimizer learning rate {prefix}lr = {lr:?}: {e}")))?;
+    // The same checks as the constructors and `step`, from the same functions.
+    crate::optim::check_lr::<T>(op, lr)?;
+    crate::optim::next_step(op, steps)?;
     let mut found = Vec::new();
     for (buffer, per_param) in opt.buffers() {
+        if per_param.len() != store.len() {
+            return Err(io(
+                "load",
+                format!("optimizer buffer {buffer} has {} entries but the store {}", per_param.len(), store.len()),
+            ));
+        }
         for ((_, name, p), data) in store.iter().zip(per_param) {
             let key = format!("{prefix}{buffer}.{name}");
             let t = tensors
@@ -250,17 +279,21 @@ pub fn optimizer_to_bytes<T: Float, O: Stateful<T> + ?Sized>(store: &ParamStore<
     write_checkpoint_with_metadata(&refs, &meta)
 }
 
-/// Restores an optimizer's state from [`optimizer_to_bytes`]' output; all-or-nothing.
+/// Restores an optimizer's state from [`optimizer_to_bytes`]' output; all-or-nothing, with
+/// the checks of [`load_optimizer_tensors`].
 ///
 /// # Errors
-/// [`Error::Io`] for a malformed file or one that does not match the optimizer and store.
+/// [`Error::Io`] for a malformed file or one that does not match the optimizer and store;
+/// [`Error::InvalidArgument`] (naming `load_optimizer_bytes` and the caller's line) for a
+/// learning rate or step count the optimizer would refuse. The optimizer is unchanged.
+#[track_caller]
 pub fn load_optimizer_bytes<T: Float, O: Stateful<T> + ?Sized>(
     store: &ParamStore<T>,
     opt: &mut O,
     bytes: &[u8],
 ) -> tapir::Result<()> {
     let tensors: HashMap<String, Tensor<T>> = read_checkpoint(bytes)?.into_iter().collect();
-    load_optimizer_tensors(store, opt, "", &tensors, &read_metadata(bytes)?)
+    load_optimizer("load_optimizer_bytes", store, opt, "", &tensors, &read_metadata(bytes)?)
 }
 
 /// The store's parameters as safetensors bytes, under their names.

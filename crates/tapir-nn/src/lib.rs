@@ -63,6 +63,17 @@ pub use layer::{
 
 use std::panic::Location;
 
+/// `a · b` for sizes derived from the caller's (`3·dim`, `4·dim`), or an
+/// [`tapir::Error::InvalidArgument`] naming `op` and both factors when it overflows.
+#[track_caller]
+pub(crate) fn mul_size(op: &'static str, what: &str, a: usize, b: usize) -> tapir::Result<usize> {
+    // Not `ok_or_else(|| invalid(..))`: `#[track_caller]` does not pass through closures.
+    match a.checked_mul(b) {
+        Some(n) => Ok(n),
+        None => Err(invalid(op, format!("{what} = {a} × {b} overflows usize"))),
+    }
+}
+
 /// An [`tapir::Error::InvalidArgument`] naming `op`, at the caller's location.
 #[track_caller]
 pub(crate) fn invalid(op: &'static str, detail: String) -> tapir::Error {
@@ -70,8 +81,10 @@ pub(crate) fn invalid(op: &'static str, detail: String) -> tapir::Error {
 }
 
 /// Renames the op of an error about the tensor being made (out of memory, an invalid
-/// shape) to the layer constructor the caller called, so that `Linear::new` with absurd
-/// sizes says `Linear::new:`, not the name of the tensor constructor it used inside.
+/// shape, an initialiser's invalid scale) to the layer constructor the caller called, so
+/// that `Linear::new` with absurd sizes says `Linear::new:`, not the name of the tensor
+/// constructor or [`Init::tensor`] it used inside. The location is already the caller's:
+/// the constructors and what they call are `#[track_caller]`.
 pub(crate) fn in_op(op: &'static str) -> impl FnOnce(tapir::Error) -> tapir::Error {
     move |e| match e {
         tapir::Error::TensorOutOfMemory { shape, requested, location, .. } => {
@@ -79,6 +92,9 @@ pub(crate) fn in_op(op: &'static str) -> impl FnOnce(tapir::Error) -> tapir::Err
         }
         tapir::Error::InvalidShape { shape, detail, location, .. } => {
             tapir::Error::InvalidShape { op, shape, detail, location }
+        }
+        tapir::Error::InvalidArgument { detail, location, .. } => {
+            tapir::Error::InvalidArgument { op, detail, location }
         }
         other => other,
     }

@@ -4,6 +4,7 @@
 
 mod adversarial;
 mod checkpoint;
+mod hardening;
 mod layer_gradients;
 mod maml;
 mod recompute;

@@ -440,6 +440,7 @@ pub const FORMAT1: [Code; 256] = format1();
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::program::run_program;
 
     #[test]
     fn format0_tables_are_the_original_modulo_choices() {
@@ -466,5 +467,18 @@ mod tests {
         }
         assert_eq!(split_format(b"TPv1\x01"), (Format::V1, &[1u8][..]));
         assert_eq!(split_format(b"TPv"), (Format::Legacy, &b"TPv"[..]));
+    }
+
+    #[test]
+    fn every_short_format1_input_runs_clean() {
+        for len in 0..4 {
+            for seed in 0..=255u8 {
+                let body = (0..len * 16).map(|i| seed.wrapping_mul(29).wrapping_add((i as u8).wrapping_mul(11)));
+                let bytes: Vec<u8> = FORMAT1_MAGIC.iter().copied().chain(body).collect();
+                if let Err(f) = run_program(&bytes) {
+                    panic!("{f}");
+                }
+            }
+        }
     }
 }

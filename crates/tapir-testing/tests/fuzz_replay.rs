@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use tapir_testing::checkpoint_io::run_checkpoint_io;
+use tapir_testing::optimizer_io::{run_optimizer_io, seeds};
 use tapir_testing::program::run_program;
 use tapir_testing::tensor_io::run_tensor_io;
 
@@ -64,4 +65,23 @@ fn tensor_io_corpus_loads_checkpoints_or_fails_cleanly() {
         loaded += usize::from(tapir_nn::io::read_checkpoint::<f32>(bytes).is_ok());
     }
     assert!(loaded > 0, "no corpus file is a valid checkpoint");
+}
+
+/// The `optimizer_io` target's body on hostile-but-parseable state (a NaN, negative or
+/// huge learning rate, a step counter at `u64::MAX`, a wrong kind), on the other targets'
+/// checkpoint corpus, and on a few raw byte strings.
+#[test]
+fn optimizer_io_replays_clean() {
+    let mut inputs: Vec<(String, Vec<u8>)> =
+        seeds().into_iter().enumerate().map(|(i, b)| (format!("seed {i}"), b)).collect();
+    inputs.extend(corpus("tensor_io"));
+    for raw in [&b""[..], b"\x08\0\0\0\0\0\0\0{}      ", b"\xff\xff\xff\xff\xff\xff\xff\xff"] {
+        inputs.push((format!("{raw:?}"), raw.to_vec()));
+    }
+    for (name, bytes) in &inputs {
+        if let Err(finding) = run_optimizer_io(bytes) {
+            panic!("{name}: {finding}");
+        }
+    }
+    assert!(inputs.len() >= 70, "{} inputs", inputs.len());
 }

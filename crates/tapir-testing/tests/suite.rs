@@ -6,3 +6,4 @@ mod fuzz_replay;
 mod hardening;
 mod layout;
 mod programs;
+mod structure;

@@ -19,8 +19,8 @@
 use rand::Rng;
 use tapir::{Float, ParamStore, Var};
 
+use crate::init::Init;
 use crate::layer::{Ctx, Dropout, Linear, Module};
-use crate::Init;
 
 /// Causal multi-head self-attention over `[B, T, C]` inputs with `T ≤ context`.
 ///
@@ -59,14 +59,18 @@ impl CausalSelfAttention {
         init: Init,
         rng: &mut R,
     ) -> tapir::Result<CausalSelfAttention> {
+        const OP: &str = "CausalSelfAttention::new";
         if dim == 0 || heads == 0 || context == 0 || dim % heads != 0 {
             return Err(crate::invalid(
-                "CausalSelfAttention::new",
+                OP,
                 format!("dim {dim} must be a positive multiple of heads {heads}, and context {context} positive"),
             ));
         }
-        let qkv = Linear::with_init(store, &format!("{name}.qkv"), dim, 3 * dim, init, true, rng)?;
-        let proj = Linear::with_init(store, &format!("{name}.proj"), dim, dim, init, true, rng)?;
+        let width = crate::mul_size(OP, "the qkv width 3·dim", 3, dim)?;
+        let qkv =
+            Linear::with_init(store, &format!("{name}.qkv"), dim, width, init, true, rng).map_err(crate::in_op(OP))?;
+        let proj =
+            Linear::with_init(store, &format!("{name}.proj"), dim, dim, init, true, rng).map_err(crate::in_op(OP))?;
         Ok(CausalSelfAttention { qkv, proj, heads, dim, context, dropout: None })
     }
 
@@ -84,14 +88,23 @@ impl CausalSelfAttention {
 
 impl<T: Float> Module<T> for CausalSelfAttention {
     fn forward<'s, 'g>(&self, cx: Ctx<'s, 'g, T>, x: Var<'s, T>) -> Var<'s, T> {
-        // A wrong rank or width makes the `qkv` matmul or `attention_weights` record the
-        // error; a sequence longer than the context, the check below.
-        let t = if x.shape().rank() >= 2 { x.shape().dim(1) } else { 0 };
-        if t > self.context {
+        const OP: &str = "CausalSelfAttention::forward";
+        // The rank first: only a `[B, T, C]` input has a `T` and a `C` to check.
+        let shape = x.shape();
+        if shape.rank() != 3 {
+            return cx.scope().invalid(OP, format!("expects [batch, time, channels], got input {shape}"));
+        }
+        if shape.dim(2) != self.dim {
             return cx.scope().invalid(
-                "CausalSelfAttention::forward",
-                format!("input {} has {t} positions, more than the context of {}", x.shape(), self.context),
+                OP,
+                format!("input {shape} has {} channels but the layer's width is {}", shape.dim(2), self.dim),
             );
+        }
+        let t = shape.dim(1);
+        if t > self.context {
+            return cx
+                .scope()
+                .invalid(OP, format!("input {shape} has {t} positions, more than the context of {}", self.context));
         }
         let qkv = self.qkv.forward(cx, x); // [B, T, 3C]
         let mut weights = qkv.attention_weights(self.heads, true); // [B, H, T, T]

@@ -6,8 +6,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Tensor, Var};
 
+use crate::init::Init;
 use crate::layer::{Ctx, Module};
-use crate::Init;
 
 /// A 2-D convolution (cross-correlation): `y[n, o] = Σ_c w[o, c] ⋆ x[n, c] + b[o]`, with
 /// weights `"{name}.weight"` `[out, in, kh, kw]` and bias `"{name}.bias"` `[out]`, as in
@@ -41,19 +41,28 @@ impl Conv2d {
         kernel: [usize; 2],
         rng: &mut R,
     ) -> tapir::Result<Conv2d> {
+        const OP: &str = "Conv2d::new";
         let [kh, kw] = kernel;
+        if in_channels == 0 || out_channels == 0 || kh == 0 || kw == 0 {
+            return Err(crate::invalid(
+                OP,
+                format!(
+                    "in_channels {in_channels}, out_channels {out_channels} and kernel {kernel:?} must be positive"
+                ),
+            ));
+        }
         // Saturating: absurd sizes fail as shapes in `tensor` rather than overflow here.
         let area = kh.saturating_mul(kw);
         let (fan_in, fan_out) = (in_channels.saturating_mul(area), out_channels.saturating_mul(area));
-        let w = Init::RELU
-            .tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng)
-            .map_err(crate::in_op("Conv2d::new"))?;
+        let w =
+            Init::RELU.tensor(&[out_channels, in_channels, kh, kw], fan_in, fan_out, rng).map_err(crate::in_op(OP))?;
         let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
         if store.find(&bn).is_some() {
-            return Err(crate::invalid("Conv2d::new", format!("a parameter named {bn:?} already exists")));
+            return Err(crate::invalid(OP, format!("a parameter named {bn:?} already exists")));
         }
+        // Made before the weight is added, so that a failure leaves the store unchanged.
+        let b = Tensor::zeros(&[out_channels]).map_err(crate::in_op(OP))?;
         let weight = store.add(wn, w)?;
-        let b = Tensor::zeros(&[out_channels]).map_err(crate::in_op("Conv2d::new"))?;
         let bias = Some(store.add(bn, b)?);
         Ok(Conv2d { weight, bias, stride: [1, 1], padding: [0, 0] })
     }
@@ -214,11 +223,11 @@ mod tests {
         let mut store = ParamStore::<f32>::new();
         let model = Sequential::new()
             .push(Conv2d::new(&mut store, "c1", 1, 4, [3, 3], &mut rng).unwrap().padding([1, 1]))
-            .push(crate::Activation::Relu)
+            .push(crate::layer::Activation::Relu)
             .push(MaxPool2d::new(2))
             .push(AvgPool2d::new(2))
             .push(Flatten)
-            .push(crate::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
+            .push(crate::layer::Linear::new(&mut store, "fc", 16, 3, &mut rng).unwrap());
         let x = Tensor::<f32>::normal(&[5, 1, 8, 8], 0.0, 1.0, &mut rng).unwrap();
         let mut grads = store.zeros_like().unwrap();
         let mut g = Graph::new();

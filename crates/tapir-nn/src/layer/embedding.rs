@@ -23,7 +23,7 @@ impl Embedding {
     /// A table of `count` vectors of size `dim`, drawn from `N(0, 1)` with `rng`.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] if the name is taken;
+    /// [`tapir::Error::InvalidArgument`] if `count` or `dim` is zero or the name is taken;
     /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
     /// `Embedding::new`) if the table cannot exist or be allocated.
     #[track_caller]
@@ -34,7 +34,11 @@ impl Embedding {
         dim: usize,
         rng: &mut R,
     ) -> tapir::Result<Embedding> {
-        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng).map_err(crate::in_op("Embedding::new"))?;
+        const OP: &str = "Embedding::new";
+        if count == 0 || dim == 0 {
+            return Err(crate::invalid(OP, format!("count {count} and dim {dim} must be positive")));
+        }
+        let w = Tensor::normal(&[count, dim], T::ZERO, T::ONE, rng).map_err(crate::in_op(OP))?;
         let weight = store.add(format!("{name}.weight"), w)?;
         Ok(Embedding { weight, count, dim })
     }

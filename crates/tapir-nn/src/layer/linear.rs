@@ -3,8 +3,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Var};
 
+use crate::init::Init;
 use crate::layer::{Activation, Ctx, Dropout, Module};
-use crate::Init;
 
 /// A fully connected layer: `y = x·W + b` with `W: [fan_in, fan_out]` (stored input-major,
 /// like JAX's `kernel`, so no transpose is needed) and `b: [fan_out]`. `x` may have any
@@ -26,9 +26,9 @@ impl Linear {
     ///
     /// # Errors
     /// [`tapir::Error::InvalidArgument`] if a size is zero or a name is taken;
-    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] (naming
-    /// `Linear::new`) if the weights cannot exist or be allocated. The store is unchanged
-    /// on error.
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] if the
+    /// weights cannot exist or be allocated. Every error names `Linear::new` and the
+    /// caller's line, and the store is unchanged on error.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -37,13 +37,15 @@ impl Linear {
         fan_out: usize,
         rng: &mut R,
     ) -> tapir::Result<Linear> {
-        Self::with_init(store, name, fan_in, fan_out, Init::RELU, true, rng)
+        Self::make("Linear::new", store, name, fan_in, fan_out, Init::RELU, true, rng)
     }
 
     /// A layer with weights drawn by `init`, and a zero bias if `bias`.
     ///
     /// # Errors
-    /// As [`Linear::new`].
+    /// As [`Linear::new`] (naming `Linear::with_init`), whatever `init` is (a
+    /// [`Init::Constant`] too); [`tapir::Error::InvalidArgument`] if `init`'s scale is not
+    /// finite.
     #[track_caller]
     pub fn with_init<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -54,18 +56,41 @@ impl Linear {
         bias: bool,
         rng: &mut R,
     ) -> tapir::Result<Linear> {
-        let w = init.tensor(&[fan_in, fan_out], fan_in, fan_out, rng).map_err(crate::in_op("Linear::new"))?;
+        Self::make("Linear::with_init", store, name, fan_in, fan_out, init, bias, rng)
+    }
+
+    #[track_caller]
+    #[allow(clippy::too_many_arguments)]
+    fn make<T: Float, R: Rng + ?Sized>(
+        op: &'static str,
+        store: &mut ParamStore<T>,
+        name: &str,
+        fan_in: usize,
+        fan_out: usize,
+        init: Init,
+        bias: bool,
+        rng: &mut R,
+    ) -> tapir::Result<Linear> {
+        // Checked here, not left to `init`: `Init::Constant` ignores the fans, and a
+        // failure must name this constructor.
+        if fan_in == 0 || fan_out == 0 {
+            return Err(crate::invalid(
+                op,
+                format!("fan_in {fan_in} and fan_out {fan_out} must be positive (weight [{fan_in}, {fan_out}])"),
+            ));
+        }
+        let w = init.tensor(&[fan_in, fan_out], fan_in, fan_out, rng).map_err(crate::in_op(op))?;
         // Check the bias name before adding anything, so a failure leaves the store as it was.
         let bias_name = format!("{name}.bias");
         let weight_name = format!("{name}.weight");
         for n in [&weight_name, &bias_name] {
             if store.find(n).is_some() {
-                return Err(crate::invalid("Linear::new", format!("a parameter named {n:?} already exists")));
+                return Err(crate::invalid(op, format!("a parameter named {n:?} already exists")));
             }
         }
         let weight = store.add(weight_name, w)?;
         let bias = if bias {
-            let b = tapir::Tensor::zeros(&[fan_out]).map_err(crate::in_op("Linear::new"))?;
+            let b = tapir::Tensor::zeros(&[fan_out]).map_err(crate::in_op(op))?;
             Some(store.add(bias_name, b)?)
         } else {
             None

@@ -150,7 +150,7 @@ impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
             Err(_) => return self.scope.param(self.store, id),
         };
         // A flat handle of the wrong size poisons the scope through `reshape`'s error.
-        let total = crate::flat_len(self.store, o.ids).unwrap_or(0);
+        let total = crate::functional::flat_len(self.store, o.ids).unwrap_or(0);
         let (dims, rank) = crate::dims(t.shape());
         o.flat.reshape(&[total]).narrow(0, start, t.numel()).reshape(&dims[..rank])
     }

@@ -29,7 +29,7 @@ impl LayerNorm {
     #[track_caller]
     pub fn new<T: Float>(store: &mut ParamStore<T>, name: &str, dim: usize) -> tapir::Result<LayerNorm> {
         if dim == 0 {
-            return Err(crate::invalid("LayerNorm::new", "dim must be positive".into()));
+            return Err(crate::invalid("LayerNorm::new", format!("dim {dim} must be positive")));
         }
         let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
         if store.find(&bn).is_some() {

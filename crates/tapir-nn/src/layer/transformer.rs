@@ -13,8 +13,8 @@
 use rand::Rng;
 use tapir::{Float, ParamId, ParamStore, Tensor, Var};
 
+use crate::init::Init;
 use crate::layer::{CausalSelfAttention, Ctx, Embedding, LayerNorm, Linear, Module};
-use crate::Init;
 
 /// Learned positional embeddings: one vector of `dim` elements per position
 /// (`"{name}.weight"`, `[context, dim]`).
@@ -32,7 +32,10 @@ impl PositionalEmbedding {
     /// A table for `context` positions, drawn from `N(0, std²)` with `rng`.
     ///
     /// # Errors
-    /// [`tapir::Error::InvalidArgument`] if the name is taken or `std` is not finite.
+    /// [`tapir::Error::InvalidArgument`] if `context` or `dim` is zero, the name is taken
+    /// or `std` is not finite and non-negative (in `T` too);
+    /// [`tapir::Error::InvalidShape`] or [`tapir::Error::TensorOutOfMemory`] if the table
+    /// cannot exist or be allocated. Every error names `PositionalEmbedding::new`.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
@@ -42,7 +45,14 @@ impl PositionalEmbedding {
         std: f64,
         rng: &mut R,
     ) -> tapir::Result<PositionalEmbedding> {
-        let w = Tensor::normal(&[context, dim], T::ZERO, T::from_f64(std), rng)?;
+        const OP: &str = "PositionalEmbedding::new";
+        if context == 0 || dim == 0 {
+            return Err(crate::invalid(OP, format!("context {context} and dim {dim} must be positive")));
+        }
+        if !(std.is_finite() && T::from_f64(std).is_finite() && std >= 0.0) {
+            return Err(crate::invalid(OP, format!("std {std} must be finite in {} and non-negative", T::NAME)));
+        }
+        let w = Tensor::normal(&[context, dim], T::ZERO, T::from_f64(std), rng).map_err(crate::in_op(OP))?;
         let weight = store.add(format!("{name}.weight"), w)?;
         Ok(PositionalEmbedding { weight, context, dim })
     }
@@ -95,15 +105,28 @@ impl TransformerBlock {
         proj_std: f64,
         rng: &mut R,
     ) -> tapir::Result<TransformerBlock> {
+        const OP: &str = "TransformerBlock::new";
+        // Checked before anything is made, so a failure names this constructor, not the
+        // first sub-layer to notice.
+        if dim == 0 || heads == 0 || context == 0 || dim % heads != 0 {
+            return Err(crate::invalid(
+                OP,
+                format!("dim {dim} must be a positive multiple of heads {heads}, and context {context} positive"),
+            ));
+        }
+        let hidden = crate::mul_size(OP, "the MLP width 4·dim", 4, dim)?;
+        crate::mul_size(OP, "the qkv width 3·dim", 3, dim)?;
         let ln1 = LayerNorm::new(store, &format!("{name}.ln1"), dim)?;
         let attn =
             CausalSelfAttention::new(store, &format!("{name}.attn"), dim, heads, context, normal(std, dim), rng)?;
         // Re-draw the output projection with the residual scale.
         *store.get_mut(attn.proj.weight).expect("made above") =
-            normal(proj_std, dim).tensor(&[dim, dim], dim, dim, rng)?;
+            normal(proj_std, dim).tensor(&[dim, dim], dim, dim, rng).map_err(crate::in_op(OP))?;
         let ln2 = LayerNorm::new(store, &format!("{name}.ln2"), dim)?;
-        let fc1 = Linear::with_init(store, &format!("{name}.fc1"), dim, 4 * dim, normal(std, dim), true, rng)?;
-        let fc2 = Linear::with_init(store, &format!("{name}.fc2"), 4 * dim, dim, normal(proj_std, 4 * dim), true, rng)?;
+        let fc1 = Linear::with_init(store, &format!("{name}.fc1"), dim, hidden, normal(std, dim), true, rng)
+            .map_err(crate::in_op(OP))?;
+        let fc2 = Linear::with_init(store, &format!("{name}.fc2"), hidden, dim, normal(proj_std, hidden), true, rng)
+            .map_err(crate::in_op(OP))?;
         Ok(TransformerBlock { ln1, attn, ln2, fc1, fc2 })
     }
 }
@@ -161,27 +184,48 @@ impl Gpt {
     ///
     /// # Errors
     /// [`tapir::Error::InvalidArgument`] if a size is zero, `dim` is not a multiple of
-    /// `heads`, or a name is taken in `store`.
+    /// `heads`, `4·dim` overflows, or a name is taken in `store`;
+    /// [`tapir::Error::TensorOutOfMemory`] if a table or the list of `layers` blocks
+    /// cannot be allocated. The sizes are checked before anything is added to `store`;
+    /// every error names `Gpt::new`.
     #[track_caller]
     pub fn new<T: Float, R: Rng + ?Sized>(
         store: &mut ParamStore<T>,
         config: GptConfig,
         rng: &mut R,
     ) -> tapir::Result<Gpt> {
+        const OP: &str = "Gpt::new";
         let GptConfig { vocab, context, dim, heads, layers } = config;
-        if vocab == 0 || layers == 0 {
-            return Err(crate::invalid("Gpt::new", format!("vocab {vocab} and layers {layers} must be positive")));
+        if vocab == 0 || layers == 0 || context == 0 || dim == 0 || heads == 0 || dim % heads != 0 {
+            return Err(crate::invalid(
+                OP,
+                format!(
+                    "vocab {vocab}, layers {layers} and context {context} must be positive, and dim {dim} a \
+                     positive multiple of heads {heads}"
+                ),
+            ));
         }
+        crate::mul_size(OP, "the MLP width 4·dim", 4, dim)?;
+        // `layers` is the caller's number: reserve the list of blocks fallibly (a huge
+        // count fails here, typed, before any parameter is made).
+        let location = std::panic::Location::caller();
+        let mut blocks: Vec<TransformerBlock> = Vec::new();
+        blocks.try_reserve_exact(layers).map_err(|_| tapir::Error::TensorOutOfMemory {
+            op: OP,
+            shape: tapir::Shape::scalar(),
+            requested: layers.saturating_mul(std::mem::size_of::<TransformerBlock>()),
+            location,
+        })?;
         const STD: f64 = 0.02;
-        let tok_table = Tensor::normal(&[vocab, dim], T::ZERO, T::from_f64(STD), rng)?;
+        let tok_table = Tensor::normal(&[vocab, dim], T::ZERO, T::from_f64(STD), rng).map_err(crate::in_op(OP))?;
         let tok = Embedding { weight: store.add("tok.weight", tok_table)?, count: vocab, dim };
-        let pos = PositionalEmbedding::new(store, "pos", context, dim, STD, rng)?;
+        let pos = PositionalEmbedding::new(store, "pos", context, dim, STD, rng).map_err(crate::in_op(OP))?;
         let proj_std = STD / (2.0 * layers as f64).sqrt();
-        let mut blocks = Vec::with_capacity(layers);
         for i in 0..layers {
-            blocks.push(TransformerBlock::new(store, &format!("h.{i}"), dim, heads, context, STD, proj_std, rng)?);
+            let block = TransformerBlock::new(store, &format!("h.{i}"), dim, heads, context, STD, proj_std, rng);
+            blocks.push(block.map_err(crate::in_op(OP))?);
         }
-        let ln_f = LayerNorm::new(store, "ln_f", dim)?;
+        let ln_f = LayerNorm::new(store, "ln_f", dim).map_err(crate::in_op(OP))?;
         Ok(Gpt { config, tok, pos, blocks, ln_f })
     }
 
@@ -204,7 +248,9 @@ impl Gpt {
         }
         let h = self.ln_f.forward(cx, h);
         // The tied head: the same parameter leaf again, transposed.
-        h.reshape(&[rows * t, c]).matmul(cx.param(self.tok.weight).t()).reshape(&[rows, t, v])
+        // `rows · t` overflows only for a `t` whose first reshape already recorded the error;
+        // saturating keeps that error the one reported, and no panic here.
+        h.reshape(&[rows.saturating_mul(t), c]).matmul(cx.param(self.tok.weight).t()).reshape(&[rows, t, v])
     }
 
     /// The mean cross-entropy of predicting `targets` (next tokens, same layout as

@@ -14,7 +14,7 @@ use tapir::{Float, GradBuffer, ParamStore};
 use rayon::prelude::*;
 
 use crate::optim::{
-    check_finite_grads, check_hyper, check_lr, check_shapes, split, zeros_like, Optimizer, Stateful, CHUNK,
+    check_finite_grads, check_hyper, check_lr, check_shapes, next_step, split, zeros_like, Optimizer, Stateful, CHUNK,
 };
 
 /// Adam, with optional L2 weight decay; defaults `β = (0.9, 0.999)`, `ε = 1e-8`, `λ = 0`.
@@ -120,7 +120,7 @@ impl<T: Float> Adam<T> {
             check_finite_grads(op, store, grads)?;
         }
         let (b1, b2) = self.betas;
-        self.t += 1;
+        self.t = next_step(op, self.t)?;
         let t = self.t.min(i32::MAX as u64) as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
         // Fold the bias corrections into the step size and ε:

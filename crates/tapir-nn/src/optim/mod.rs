@@ -244,9 +244,25 @@ pub(crate) fn check_hyper<T: Float>(
     }
 }
 
+/// The learning-rate rule of every constructor, [`Optimizer::step`] and checkpoint
+/// loading: finite in `f64` and in `T`, and non-negative.
 #[track_caller]
 pub(crate) fn check_lr<T: Float>(op: &'static str, lr: f64) -> tapir::Result<()> {
     check_hyper::<T>(op, "learning rate", lr, 0.0..).map(|_| ())
+}
+
+/// The step after `steps`, checked: the counter of a step-counting optimizer, in its
+/// `step` and when a checkpoint is loaded (a counter that cannot advance is refused there,
+/// so loading never yields an optimizer whose next step fails).
+#[track_caller]
+pub(crate) fn next_step(op: &'static str, steps: u64) -> tapir::Result<u64> {
+    // Not `ok_or_else(|| ..)`: `#[track_caller]` does not pass through closures.
+    match steps.checked_add(1) {
+        Some(next) => Ok(next),
+        None => {
+            Err(crate::invalid(op, format!("step count {steps} is the u64 limit; the next step cannot be counted")))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ pub trait Stateful<T: Float>: Optimizer<T> {
     /// Steps taken (0 for an algorithm without a counter).
     fn step_count(&self) -> u64;
 
-    /// Restores the step counter.
+    /// Restores the step counter. A counter at `u64::MAX` makes the next
+    /// [`Optimizer::step`] fail with [`tapir::Error::InvalidArgument`] (it cannot count
+    /// another step); loading a checkpoint refuses such a counter.
     fn set_step_count(&mut self, steps: u64);
 
     /// The named buffers (`"m"`, `"v"`; `"velocity"`).

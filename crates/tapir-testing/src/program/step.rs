@@ -4,7 +4,6 @@
 
 use tapir::{Float, Var};
 
-use crate::generate;
 use crate::program::SAFETY_LIMIT;
 
 /// Declares [`UnaryOp`] from one line per op: its format-1 code, whether it is smooth,
@@ -549,11 +548,6 @@ pub struct Program {
 }
 
 impl Program {
-    /// Decodes a program; every byte string gives one (see [`crate::codes`] for the format).
-    pub fn from_bytes(bytes: &[u8]) -> Program {
-        generate::program(bytes)
-    }
-
     /// The arena limit a run uses: the program's, or [`SAFETY_LIMIT`].
     pub fn limit(&self) -> usize {
         self.arena_limit.unwrap_or(SAFETY_LIMIT)

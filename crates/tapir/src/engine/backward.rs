@@ -1,5 +1,6 @@
-//! The backward pass: one reverse loop over the tape. Each node's own
-//! rule (`ops::backward`, or the engine's own for custom ops and checkpoints) adds its contribution to its inputs' gradients.
+//! The backward pass: one reverse loop over the tape. Each node's own rule (`ops::backward`,
+//! which hands custom ops and checkpoints back to [`Walk`]) adds its contribution to its
+//! inputs' gradients.
 //!
 //! The tape is in creation order, so walking it backwards visits every node after all of
 //! its consumers: nothing sorts, hashes or recurses, and a chain of a million ops needs no
@@ -15,7 +16,7 @@ use crate::engine::checkpoint::replay as checkpoint;
 use crate::engine::custom;
 use crate::error::{Error, Loc, Result};
 use crate::ops;
-use crate::record::ctx::{alloc_error, BackwardCtx};
+use crate::record::ctx::{alloc_error, BackwardCtx, EngineBackward};
 use crate::record::custom_op::CustomScratch;
 use crate::record::handles::{Lent, State};
 use crate::record::state::{Grads, Seed};
@@ -104,12 +105,24 @@ pub(crate) fn run_with<'s, T: Float>(
     result
 }
 
-/// A releasing pass seeded at `start`, with nothing lent: what a checkpoint's
-/// recomputation runs over its nested tape. `checkpoint::backward` receives it as an
-/// argument, so the recursion into a nested pass needs no import of this file.
-pub(crate) type NestedPass<T> =
-    for<'c, 'x> fn(&'x mut State<'c, T>, &'c Arena, Par, (NodeId<'c>, Seed<'x, T>), Loc, bool) -> Result<()>;
+/// The walk's answers for the ops the engine owns (see [`EngineBackward`]).
+pub(crate) struct Walk;
 
+impl<T: Float> EngineBackward<T> for Walk {
+    fn custom<'s>(
+        ctx: &mut BackwardCtx<'_, 's, T>,
+        out: NodeId<'s>,
+        (table, first, count): (u32, u32, u32),
+    ) -> Result<()> {
+        custom::backward(ctx, out, table, first, count)
+    }
+    fn checkpoint<'s>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, op: (u32, u32, u32)) -> Result<()> {
+        checkpoint::backward(ctx, out, op, nested_pass::<T>)
+    }
+}
+
+/// The `record::state::NestedPass` handed to `checkpoint::backward`: a releasing pass seeded at `start`,
+/// with nothing lent.
 fn nested_pass<'c, T: Float>(
     state: &mut State<'c, T>,
     arena: &'c Arena,
@@ -144,13 +157,7 @@ fn walk<'s, T: Float>(
         if !node.requires_grad || ctx.grads[id].is_none() {
             continue;
         }
-        match node.op {
-            Op::Custom { table, first, count } => custom::backward(&mut ctx, id, table, first, count)?,
-            Op::Checkpoint { table, first, count } => {
-                checkpoint::backward(&mut ctx, id, (table, first, count), nested_pass::<T>)?
-            }
-            op => ops::backward(op, &mut ctx, id)?,
-        }
+        ops::backward::<T, Walk>(node.op, &mut ctx, id)?;
         if anomaly {
             check_finite(&ctx, id)?;
         }

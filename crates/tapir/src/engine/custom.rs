@@ -431,11 +431,10 @@ fn check_slots<T: Float>(entry: CustomEntry<'_, T>, scratch: &CustomScratch<'_, 
         }
         let swapped = got.and_then(|g| scratch.given.iter().position(|&o| o == Some(g)));
         let what = match (given, got, swapped) {
-            (Some(_), None, _) => "was dropped (set to `None`)".to_string(),
+            (_, None, _) => "was dropped (set to `None`)".to_string(),
             (None, Some((_, n)), _) => format!("was `None` (the input needs no gradient) but came back as [{n}]"),
-            (_, Some((_, n)), Some(j)) => format!("came back holding input {j}'s slot, [{n}]"),
-            (_, Some((_, n)), None) => format!("came back as another buffer, [{n}]"),
-            (None, None, _) => unreachable!("equal slots were skipped"),
+            (Some(_), Some((_, n)), Some(j)) => format!("came back holding input {j}'s slot, [{n}]"),
+            (Some(_), Some((_, n)), None) => format!("came back as another buffer, [{n}]"),
         };
         return Err(Error::CustomOp {
             op: entry.name,

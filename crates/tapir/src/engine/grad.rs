@@ -20,7 +20,7 @@ use crate::engine::checkpoint::replay as checkpoint;
 use crate::engine::custom;
 use crate::error::{Error, Loc, Result};
 use crate::ops;
-use crate::record::ctx::GradCtx;
+use crate::record::ctx::{EngineGrad, GradCtx};
 use crate::record::handles::{Scope, Slot, Var};
 use crate::shape::Shape;
 use crate::tape::id::{NodeId, NodeMap};
@@ -250,26 +250,40 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
             }
             let g = Var { core: self.core, id: g };
             let g = if slot.bcast { self.expand(op, id, g) } else { g };
-            match op {
-                Op::Custom { table, first, count } => custom::grad(self, id, g, table, first, count)?,
-                Op::Checkpoint { table, first, count } => {
-                    // The block runs again on this tape; the walk goes on through what it
-                    // recorded, seeded with `g` at the recomputed output.
-                    if let Some((before, last)) = checkpoint::grad(self, id, (table, first, count))? {
-                        self.slots.resize_with(last.index() + 1, Default::default);
-                        self.mark(self.core.tape.borrow().ids_after(before, last));
-                        if self.slots[last].needed {
-                            self.slots[last].grad = Some(g.id);
-                            let ids = self.core.tape.borrow().ids_after(before, last);
-                            self.walk_back(ids)?;
-                        }
-                    }
-                }
-                op => ops::grad(op, self, id, g)?,
-            }
+            ops::grad::<T, RecordedWalk>(op, self, id, g)?;
             if self.core.tape.borrow().error.is_some() {
                 return Ok(());
             }
+        }
+        Ok(())
+    }
+}
+
+/// The recorded walk's answers for the ops the engine owns (see [`EngineGrad`]).
+struct RecordedWalk;
+
+impl<T: Float> EngineGrad<T> for RecordedWalk {
+    #[track_caller]
+    fn custom<'s>(
+        ctx: &mut GradCtx<'_, 's, T>,
+        out: NodeId<'s>,
+        g: Var<'s, T>,
+        (table, first, count): (u32, u32, u32),
+    ) -> Result<()> {
+        custom::grad(ctx, out, g, table, first, count)
+    }
+
+    /// The block runs again on this tape; the walk goes on through what it recorded,
+    /// seeded with `g` at the recomputed output.
+    #[track_caller]
+    fn checkpoint<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()> {
+        let Some((before, last)) = checkpoint::grad(ctx, out, op)? else { return Ok(()) };
+        ctx.slots.resize_with(last.index() + 1, Default::default);
+        ctx.mark(ctx.core.tape.borrow().ids_after(before, last));
+        if ctx.slots[last].needed {
+            ctx.slots[last].grad = Some(g.id);
+            let ids = ctx.core.tape.borrow().ids_after(before, last);
+            ctx.walk_back(ids)?;
         }
         Ok(())
     }

@@ -91,7 +91,7 @@ impl<T: Float> Graph<T> {
     }
 
     /// Caps the bytes a scope may allocate in the arena; an op that would pass the cap
-    /// fails with [`Error::ArenaLimit`]. `None` removes the cap.
+    /// fails with [`Error::ArenaLimit`](crate::Error::ArenaLimit). `None` removes the cap.
     pub fn set_arena_limit(&mut self, bytes: Option<usize>) {
         self.arena.set_limit(bytes);
         self.scratch.arena.borrow_mut().set_limit(bytes);
@@ -118,7 +118,7 @@ impl<T: Float> Graph<T> {
 
     /// Turns anomaly detection on or off. When on, the first op whose output (forward) or
     /// input gradient (backward) holds a NaN or an infinity fails with
-    /// [`Error::NonFinite`], naming the op and where it was recorded. It costs a pass over
+    /// [`Error::NonFinite`](crate::Error::NonFinite), naming the op and where it was recorded. It costs a pass over
     /// every value, so it is meant for debugging.
     pub fn set_anomaly_detection(&mut self, on: bool) {
         self.anomaly = on;

@@ -25,7 +25,8 @@
 //!
 //! Rules see the recording toolkit of `record/` (`Rec`, `BackwardCtx`, `GradCtx`), never
 //! the engine: custom ops and checkpoints, which run user code and nested passes, are the
-//! engine's (`engine/custom.rs`, `engine/checkpoint/`).
+//! engine's (`engine/custom.rs`, `engine/checkpoint/`), reached through the type parameter
+//! of the two matches (`record::ctx::EngineBackward`, `EngineGrad`).
 
 pub(crate) mod accumulate;
 pub(crate) mod attention;
@@ -43,16 +44,20 @@ pub(crate) mod view;
 
 use crate::dtype::Float;
 use crate::error::Result;
-use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::ctx::{BackwardCtx, EngineBackward, EngineGrad, GradCtx};
 use crate::record::handles::Var;
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
 
 /// Adds node `out`'s contribution to its inputs' gradients, `op` being its op. A flat,
 /// exhaustive match: a new variant does not compile until it has a backward. Custom ops
-/// and checkpoints run user code and nested passes: the engine dispatches those itself.
+/// and checkpoints run user code and nested passes: their arms call the engine's `E`.
 #[inline(always)]
-pub(crate) fn backward<'s, T: Float>(op: Op<'s, T>, ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>) -> Result<()> {
+pub(crate) fn backward<'s, T: Float, E: EngineBackward<T>>(
+    op: Op<'s, T>,
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+) -> Result<()> {
     use Op::*;
     match op {
         Leaf | Variable | Param(_) => Ok(()),
@@ -85,17 +90,18 @@ pub(crate) fn backward<'s, T: Float>(op: Op<'s, T>, ctx: &mut BackwardCtx<'_, 's
         Pad { x, axis, start } => scatter::backward_pad(ctx, out, x, axis, start),
         ScatterAdd { x, axis, idx } => scatter::backward_scatter_add(ctx, out, x, axis, idx),
         Col2Im { x, geom } => conv::backward_col2im(ctx, out, x, geom),
-        Custom { .. } | Checkpoint { .. } => unreachable!("the engine's walk dispatches custom ops and checkpoints"),
+        Custom { table, first, count } => E::custom(ctx, out, (table, first, count)),
+        Checkpoint { table, first, count } => E::checkpoint(ctx, out, (table, first, count)),
     }
 }
 
 /// Records node `out`'s derivative: adds `g`-weighted contributions (handles on the same
 /// tape) to its inputs' gradients in `ctx`, for [`Scope::grad`](crate::Scope::grad). `g`
 /// is the node's gradient. One function per op, beside its fast backward; no `_ =>` arm,
-/// so a new variant does not compile until it has one. As for [`backward`], the engine
-/// dispatches custom ops and checkpoints itself.
+/// so a new variant does not compile until it has one. As in [`backward`], custom ops and
+/// checkpoints are the engine's `E`.
 #[track_caller]
-pub(crate) fn grad<'s, T: Float>(
+pub(crate) fn grad<'s, T: Float, E: EngineGrad<T>>(
     op: Op<'s, T>,
     ctx: &mut GradCtx<'_, 's, T>,
     out: NodeId<'s>,
@@ -132,6 +138,7 @@ pub(crate) fn grad<'s, T: Float>(
         Pad { x, axis, start } => scatter::grad_pad(ctx, g, x, axis, start),
         ScatterAdd { x, axis, idx } => scatter::grad_scatter_add(ctx, g, x, axis, idx),
         Col2Im { x, geom } => conv::grad_col2im(ctx, g, x, geom),
-        Custom { .. } | Checkpoint { .. } => unreachable!("the engine's walk dispatches custom ops and checkpoints"),
+        Custom { table, first, count } => E::custom(ctx, out, g, (table, first, count)),
+        Checkpoint { table, first, count } => E::checkpoint(ctx, out, g, (table, first, count)),
     }
 }

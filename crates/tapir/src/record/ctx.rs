@@ -405,3 +405,24 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
         })
     }
 }
+
+/// The backward of the two ops the engine owns, custom ops and checkpoints, which run user
+/// code and nested passes. [`ops::backward`](crate::ops::backward) takes an implementation
+/// as a type parameter, so that its match stays one exhaustive match over every variant
+/// (one jump table in the walk) while the rules never import the engine, which implements
+/// it (`engine/backward.rs`).
+pub(crate) trait EngineBackward<T: Float> {
+    /// `Op::Custom { table, first, count }`'s backward.
+    fn custom<'s>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, op: (u32, u32, u32)) -> Result<()>;
+    /// `Op::Checkpoint { table, first, count }`'s backward.
+    fn checkpoint<'s>(ctx: &mut BackwardCtx<'_, 's, T>, out: NodeId<'s>, op: (u32, u32, u32)) -> Result<()>;
+}
+
+/// The recorded derivatives of the ops the engine owns, as [`EngineBackward`] for
+/// [`ops::grad`](crate::ops::grad) (implemented in `engine/grad.rs`).
+pub(crate) trait EngineGrad<T: Float> {
+    /// `Op::Custom`'s recorded derivative, `g` being the node's gradient.
+    fn custom<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()>;
+    /// `Op::Checkpoint`'s recorded derivative.
+    fn checkpoint<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()>;
+}

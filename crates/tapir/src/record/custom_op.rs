@@ -26,7 +26,7 @@ use crate::error::{Error, Loc};
 use crate::shape::Shape;
 use crate::tape::tape::recycle;
 
-/// The inputs of a custom op, in the order given to [`Scope::custom`]: each one's values
+/// The inputs of a custom op, in the order given to [`Scope::custom`](crate::Scope::custom): each one's values
 /// (row-major) and shape.
 #[derive(Clone, Copy, Debug)]
 pub struct CustomInputs<'a, T> {

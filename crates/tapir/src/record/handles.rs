@@ -31,7 +31,7 @@ use crate::tape::id::{NodeId, NodeMap};
 use crate::tape::in_place::InPlace;
 use crate::tape::tape::Tape;
 
-/// One iteration's recording. Made by [`Graph::scope`]; see there for the lifetimes.
+/// One iteration's recording. Made by [`Graph::scope`](crate::Graph::scope); see there for the lifetimes.
 pub struct Scope<'s, 'g: 's, T: Float = f32> {
     pub(crate) core: Core<'s, T>,
     /// The blocks of this scope's checkpoints, borrowed for `'g`, by table index (the

@@ -7,13 +7,15 @@
 
 use std::cell::{Cell, RefCell};
 
+use faer::Par;
+
 use crate::dtype::Float;
-use crate::error::Loc;
+use crate::error::{Loc, Result};
 use crate::record::custom_op::CustomScratch;
 use crate::record::handles::{CheckpointEntry, CustomEntry, Lent, Nest, Slot, State};
 use crate::shape::Shape;
 use crate::storage::Arena;
-use crate::tape::id::NodeMap;
+use crate::tape::id::{NodeId, NodeMap};
 use crate::tape::in_place::InPlace;
 use crate::tape::op::Op;
 use crate::tape::tape::{recycle, Node, Tape};
@@ -131,6 +133,13 @@ pub(crate) enum Seed<'a, T> {
     /// The caller's gradient, of the output's shape.
     Given(&'a [T]),
 }
+
+/// A releasing backward pass seeded at `start`, with nothing lent: what a checkpoint's
+/// recomputation runs over its nested tape. `engine::checkpoint::replay::backward` receives
+/// it as an argument from the walk (`engine::backward`), so the recursion into a nested
+/// pass imports neither walk.
+pub(crate) type NestedPass<T> =
+    for<'c, 'x> fn(&'x mut State<'c, T>, &'c Arena, Par, (NodeId<'c>, Seed<'x, T>), Loc, bool) -> Result<()>;
 
 /// The gradient map of one pass, before it is handed back to the tape.
 pub(crate) type Grads<'s, T> = NodeMap<'s, Option<&'s mut [T]>>;

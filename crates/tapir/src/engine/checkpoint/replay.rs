@@ -4,7 +4,6 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::dtype::Float;
-use crate::engine::backward::NestedPass;
 use crate::engine::custom::panic_message;
 use crate::engine::nest::{nested, with_slice, CollectSmall, Small};
 use crate::error::{Error, Loc, Result};
@@ -13,7 +12,7 @@ use crate::record::checkpoint::Replay;
 use crate::record::core::take_held;
 use crate::record::ctx::{BackwardCtx, GradCtx};
 use crate::record::handles::{Checkpoint, Core, Scope, Var};
-use crate::record::state::Seed;
+use crate::record::state::{NestedPass, Seed};
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
 

@@ -278,6 +278,20 @@ pub enum Error {
         /// Where the caller recorded the op (also for a failure in backward).
         location: Loc,
     },
+    /// User code that the engine called while recording or differentiating (a checkpointed
+    /// block, the random number generator of [`Scope::randn`](crate::Scope::randn))
+    /// panicked. The scope keeps the error; the graph stays usable.
+    #[error("{op}: {callback} panicked: {detail} (at {location})")]
+    Callback {
+        /// The method that called it (`"checkpoint"`, `"randn"`, `"backward"`, `"grad"`).
+        op: &'static str,
+        /// Which user code: `"the checkpointed block (part 0)"`, `"the random number generator"`.
+        callback: String,
+        /// The panic's message.
+        detail: String,
+        /// Where the caller recorded the call (the checkpoint, the draw).
+        location: Loc,
+    },
     /// Reading or writing a checkpoint failed.
     #[error("{op}: {detail}")]
     Io {
@@ -318,6 +332,7 @@ impl Error {
             | Error::InvalidArgument { op, .. }
             | Error::UnknownParam { op, .. }
             | Error::CustomOp { op, .. }
+            | Error::Callback { op, .. }
             | Error::SecondOrderUnsupported { op, .. }
             | Error::Io { op, .. } => op,
         }
@@ -348,6 +363,7 @@ impl Error {
             | Error::InvalidArgument { location, .. }
             | Error::UnknownParam { location, .. }
             | Error::CustomOp { location, .. }
+            | Error::Callback { location, .. }
             | Error::SecondOrderUnsupported { location, .. } => Some(location),
         }
     }

@@ -539,10 +539,11 @@ fn backward_into_unwinding<'s>(
 }
 
 #[test]
-fn a_backward_into_that_unwinds_lends_nothing_to_the_next() {
+fn a_backward_into_whose_block_panics_lends_nothing_to_the_next() {
     // The block panics while recomputed for the first `backward_into`, after `v`'s first
     // gradient has taken its slot of `a` and before `u`'s has (`u` is read before the
-    // block, so the walk reaches it after). The caller catches the panic and runs
+    // block, so the walk reaches it after). The panic is a typed error (nothing unwinds
+    // out of the engine, which the harness would also catch), and the caller runs
     // `backward_into` again into `b`: every parameter gets its gradient there, and
     // `Var::grad` reads it, as if the first pass had never run
     // (`L = Σ u³ + Σ x·W + Σ v²`: `∂L/∂u = 3u²`, `∂L/∂W[i][j] = Σ_r x[r][i]`, `∂L/∂v = 2v`).
@@ -560,7 +561,11 @@ fn a_backward_into_that_unwinds_lends_nothing_to_the_next() {
         let y = s.checkpoint(&flaky, &[s.leaf(&x)]);
         let vv = s.param(&store, v);
         let loss = cube + y.sum() + (vv * vv).sum();
-        assert!(backward_into_unwinding(s, loss, &mut a).is_err(), "the recomputation panicked");
+        let first = backward_into_unwinding(s, loss, &mut a);
+        let Ok(Err(Error::Callback { op: "checkpoint", callback, detail, .. })) = &first else {
+            panic!("the recomputation's panic is a typed error: {first:?}")
+        };
+        assert!(callback.contains("block (part 0)") && detail.contains("fails on this call"), "{first:?}");
         s.backward_into(loss, &mut b).unwrap();
         (uu.grad().unwrap().to_vec(), vv.grad().unwrap().to_vec())
     });
@@ -568,4 +573,8 @@ fn a_backward_into_that_unwinds_lends_nothing_to_the_next() {
     assert_eq!(b.get(u).unwrap().data(), [12.0, 3.0]);
     assert_eq!(b.get(v).unwrap().data(), [3.0, -1.5]);
     assert_eq!(b.get(w).unwrap().data(), [-2.0, -2.0, 2.5, 2.5]);
+    // The failed pass left `a` as it was.
+    for p in [u, v, w] {
+        assert!(a.get(p).unwrap().data().iter().all(|&g| g == 0.0));
+    }
 }

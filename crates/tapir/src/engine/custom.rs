@@ -19,13 +19,18 @@ use crate::tape::id::NodeId;
 use crate::tape::op::Op;
 
 /// A panic's message, as well as it can be recovered.
-fn panic_detail(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     let msg = payload
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a non-string payload");
-    format!("panicked: {msg}")
+    msg.to_string()
+}
+
+/// A callback's panic as the detail of [`Error::CustomOp`].
+fn panic_detail(payload: &(dyn Any + Send)) -> String {
+    format!("panicked: {}", panic_message(payload))
 }
 
 /// Runs one callback of the op `op`: a panic or a [`CustomError`] becomes the [`Error`]
@@ -346,11 +351,14 @@ pub(crate) fn backward<'s, T: Float>(
     let mut scratch = std::mem::take(&mut *ctx.custom);
     let dout = ctx.grads[out].take().expect("backward visits only nodes whose gradient exists");
     let result = backward_with(ctx, entry, (out, &*dout), first, count, &mut scratch);
-    // Put every slot back, whether or not the op failed, so gradients stay readable.
-    for (id, g) in ctx.stored_ids(first, count).zip(scratch.grads.drain(..)) {
-        if let Some(g) = g {
+    // Put every slot back, whether or not the op failed, so gradients stay readable; a slot
+    // that is not the one handed out (the op's backward failed the check below) goes back
+    // to no node, so no node reads a gradient of another length or another input's.
+    let given = scratch.given.drain(..);
+    for ((id, g), given) in ctx.stored_ids(first, count).zip(scratch.grads.drain(..)).zip(given) {
+        if let Some(g) = g.filter(|g| given == Some(address(g))) {
             match &mut ctx.grads[id] {
-                Some(slot) => kernels::add_assign(slot, g), // the same input given again
+                Some(slot) => kernels::add_assign(slot, g), // the same input given again, or a lent slot
                 slot @ None => *slot = Some(g),
             }
         }
@@ -371,6 +379,7 @@ fn backward_with<'s, T: Float>(
     scratch.values.clear();
     scratch.shapes.clear();
     scratch.grads.clear();
+    scratch.given.clear();
     for id in ctx.stored_ids(first, count) {
         scratch.values.push(ctx.value(id));
         scratch.shapes.push(ctx.shape(id));
@@ -378,18 +387,66 @@ fn backward_with<'s, T: Float>(
         // gets a fresh zeroed buffer, added to the first one afterwards.
         let slot = if !ctx.requires_grad(id) {
             None
-        } else if let Some(g) = ctx.grads[id].take() {
-            Some(g)
         } else {
             // On failure, the slots taken so far are the first ones, in order, and the
             // caller puts them back.
-            Some(ctx.first_grad(id)?)
+            let g = match ctx.grads[id].take() {
+                Some(g) => g,
+                None => ctx.first_grad(id)?,
+            };
+            if ctx.is_lent(g) {
+                // A slot of `backward_into`'s buffer stays the engine's: user code gets a
+                // fresh buffer, added into the slot once checked, so that a misbehaving
+                // backward cannot leave the caller's buffer changed.
+                let n = g.len();
+                ctx.grads[id] = Some(g);
+                Some(ctx.fresh_grad(n)?)
+            } else {
+                Some(g)
+            }
         };
+        scratch.given.push(slot.as_deref().map(address));
         scratch.grads.push(slot);
     }
     let args = CustomInputs { values: &scratch.values, shapes: &scratch.shapes };
     let (grads, value) = (&mut scratch.grads[..], ctx.value(out));
-    guarded(entry.name, "backward", entry.location, || entry.op.backward(args, value, entry.saved, dout, grads))
+    guarded(entry.name, "backward", entry.location, || entry.op.backward(args, value, entry.saved, dout, grads))?;
+    check_slots(entry, scratch)
+}
+
+/// A slice's address and length: what identifies a gradient slot.
+fn address<T>(g: &[T]) -> (usize, usize) {
+    (g.as_ptr() as usize, g.len())
+}
+
+/// Every slot the op's backward hands back must be the one it was given: the same buffer
+/// (not a shorter or longer one, not another input's, not one of its own), and present
+/// exactly where one was given.
+fn check_slots<T: Float>(entry: CustomEntry<'_, T>, scratch: &CustomScratch<'_, T>) -> Result<()> {
+    let slots = scratch.given.iter().zip(&scratch.grads).zip(&scratch.shapes).enumerate();
+    for (k, ((&given, got), &shape)) in slots {
+        let got = got.as_deref().map(address);
+        if got == given {
+            continue;
+        }
+        let swapped = got.and_then(|g| scratch.given.iter().position(|&o| o == Some(g)));
+        let what = match (given, got, swapped) {
+            (_, None, _) => "was dropped (set to `None`)".to_string(),
+            (None, Some((_, n)), _) => format!("was `None` (the input needs no gradient) but came back as [{n}]"),
+            (Some(_), Some((_, n)), Some(j)) => format!("came back holding input {j}'s slot, [{n}]"),
+            (Some(_), Some((_, n)), None) => format!("came back as another buffer, [{n}]"),
+        };
+        return Err(Error::CustomOp {
+            op: entry.name,
+            phase: "backward",
+            detail: format!(
+                "the gradient slot of input {k} (shape {shape}) {what}; backward must add into the slots it is given \
+                 and leave them in place"
+            ),
+            location: entry.location,
+        });
+    }
+    Ok(())
 }
 
 /// Recorded derivative: the op's [`CustomOp::grad`], or [`Error::SecondOrderUnsupported`].
@@ -415,6 +472,24 @@ pub(crate) fn grad<'s, T: Float>(
             inputs: inputs.iter().map(|x| x.shape()).collect(),
             location: Location::caller(),
         });
+    }
+    if ctx.core.tape.borrow().error.is_some() {
+        // The op's derivative failed to record; the scope keeps the error.
+        return Ok(());
+    }
+    for (k, (x, dx)) in inputs.iter().zip(&dinputs).enumerate() {
+        if let Some(dx) = dx.filter(|dx| dx.shape() != x.shape()) {
+            return Err(Error::CustomOp {
+                op: entry.name,
+                phase: "grad",
+                detail: format!(
+                    "returned a gradient of shape {} for input {k} of shape {}; each must have its input's shape",
+                    dx.shape(),
+                    x.shape()
+                ),
+                location: entry.location,
+            });
+        }
     }
     for (x, dx) in inputs.iter().zip(dinputs) {
         if let Some(dx) = dx.filter(|_| ctx.wants(x.id)) {

@@ -2,14 +2,16 @@
 //! and the scope's error.
 
 use std::cell::RefCell;
-use std::panic::Location;
+use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 
 use crate::dtype::Float;
 use crate::engine::backward;
 use crate::engine::checkpoint::replay::replayed_param;
-use crate::error::{Error, Loc, Result};
+use crate::engine::custom::panic_message;
+use crate::error::{shape_at, Error, Loc, Result};
 use crate::graph::graph::GraphStats;
 use crate::params::{GradBuffer, ParamId, ParamStore};
+use crate::record::ctx::alloc_error;
 use crate::record::handles::{Lent, Scope, State, Var};
 use crate::record::state::Seed;
 use crate::shape::Shape;
@@ -96,14 +98,32 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     }
 
     /// A constant drawn from `N(0, 1)` with `rng`, in the arena.
+    ///
+    /// `rng` is the caller's code and runs while nothing of the scope is borrowed: a
+    /// generator that records on this scope itself records before the draw's node, and one
+    /// that panics makes [`Error::Callback`] the scope's error.
     #[track_caller]
     pub fn randn<R: rand::Rng + ?Sized>(&'s self, dims: &[usize], rng: &mut R) -> Var<'s, T> {
-        self.core.record_as("randn", |r| {
-            let shape = r.shape_of(Shape::scalar(), dims)?;
-            let value = r.alloc(shape.numel())?;
-            crate::tensor::fill_normal(value, rng);
-            Ok((Op::Leaf, shape, value))
-        })
+        let (op, location) = (self.core.op_name("randn"), Location::caller());
+        if self.core.tape.borrow().error.is_some() {
+            return self.core.poison();
+        }
+        let drawn = shape_at(op, Shape::scalar(), dims, location).and_then(|shape| {
+            let value = self.core.arena.alloc_zeroed::<T>(shape.numel());
+            let value = value.map_err(|e| alloc_error(e, op, location))?;
+            let fill = catch_unwind(AssertUnwindSafe(|| crate::tensor::fill_normal(value, rng)));
+            fill.map_err(|payload| Error::Callback {
+                op,
+                callback: "the random number generator".into(),
+                detail: panic_message(&*payload),
+                location,
+            })?;
+            Ok((shape, value))
+        });
+        match drawn {
+            Ok((shape, value)) => self.core.record_at("randn", location, |_| Ok((Op::Leaf, shape, &*value))),
+            Err(e) => self.core.fail(e),
+        }
     }
 
     /// Runs `f` with recording of gradients off: ops inside still compute values, but

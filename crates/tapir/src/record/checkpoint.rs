@@ -4,6 +4,7 @@
 //! blocks is the engine's (`engine/checkpoint/`).
 
 use crate::dtype::Float;
+use crate::error::Result;
 use crate::record::handles::{CheckpointEntry, Nest, Var};
 
 impl std::fmt::Debug for Nest<'_> {
@@ -24,6 +25,7 @@ impl<T> std::fmt::Debug for CheckpointEntry<'_, T> {
 /// scope's `'g`); the derivative ops see a `&'s dyn Replay<'s, T>`, with no `'g` to name,
 /// so the scope stays invariant in `'g`.
 pub(crate) trait Replay<'s, T: Float> {
-    /// Runs checkpoint `table`'s block on this scope from `inputs`.
-    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Var<'s, T>;
+    /// Runs checkpoint `table`'s block on this scope from `inputs`: its output, or the
+    /// error of a block that panicked.
+    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Result<Var<'s, T>>;
 }

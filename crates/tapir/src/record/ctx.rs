@@ -253,6 +253,11 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         }
     }
 
+    /// Whether `g` is a slot of `backward_into`'s buffer, lent to the pass.
+    pub fn is_lent(&self, g: &[T]) -> bool {
+        self.tape.lent.contains(&(g.as_ptr() as usize))
+    }
+
     /// A zeroed buffer for node `id`'s first gradient, for an op that sets the gradient
     /// map itself (a checkpoint, a custom op): the slot lent to `id`, a released buffer or
     /// the arena's.

@@ -134,17 +134,24 @@ pub(crate) struct CustomScratch<'s, T> {
     pub(crate) values: Vec<&'s [T]>,
     pub(crate) shapes: Vec<Shape>,
     pub(crate) grads: Vec<Option<&'s mut [T]>>,
+    /// The address and length of each slot in `grads` as handed to the op's backward.
+    pub(crate) given: Vec<Option<(usize, usize)>>,
 }
 
 impl<T> Default for CustomScratch<'_, T> {
     fn default() -> Self {
-        CustomScratch { values: Vec::new(), shapes: Vec::new(), grads: Vec::new() }
+        CustomScratch { values: Vec::new(), shapes: Vec::new(), grads: Vec::new(), given: Vec::new() }
     }
 }
 
 impl<'s, T> CustomScratch<'s, T> {
     /// The same lists, emptied, under another scope's lifetime (see `tape::tape::recycle`).
     pub(crate) fn recycle<'b>(self) -> CustomScratch<'b, T> {
-        CustomScratch { values: recycle(self.values), shapes: recycle(self.shapes), grads: recycle(self.grads) }
+        CustomScratch {
+            values: recycle(self.values),
+            shapes: recycle(self.shapes),
+            grads: recycle(self.grads),
+            given: recycle(self.given),
+        }
     }
 }

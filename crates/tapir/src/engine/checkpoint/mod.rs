@@ -46,7 +46,7 @@ use crate::record::core::take_held;
 use crate::record::handles::{Checkpoint, CheckpointEntry, Scope, Var};
 use crate::tape::op::{Op, OpKind};
 use in_place::{in_place_positions, speculated_safely};
-use replay::{replay, replayed_param};
+use replay::{replay, replayed_param, run_block};
 
 impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Records `block` on `inputs` as one checkpointed node: the block's intermediate
@@ -166,7 +166,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         let Some(nest) = nest else {
             // Nested in a checkpointed block: the scratch arena is busy with that block,
             // which this one simply becomes part of.
-            return block.forward(self, inputs, part);
+            return run_block(block, self, inputs, part, location).unwrap_or_else(|e| self.core.fail(e));
         };
         let count = match u32::try_from(inputs.len()) {
             Ok(n) => n,
@@ -194,7 +194,10 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             nested(nest, leaves.iter().copied(), |inner, vars| {
                 replay(inner, step, draws);
                 inner.core.tape.borrow_mut().in_place.speculate = speculate;
-                let y = block.forward(inner, vars, part);
+                let y = match run_block(block, inner, vars, part, location) {
+                    Ok(y) => y,
+                    Err(e) => return Some(Err(e)),
+                };
                 take_held(&mut inner.core.tape.borrow_mut(), None);
                 let tape = inner.core.tape.borrow();
                 if !speculated_safely(&tape, y.id) {

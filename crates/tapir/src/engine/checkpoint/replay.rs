@@ -1,14 +1,17 @@
 //! A checkpointed block run again: for backward, on a nested scope whose own backward pass
 //! the engine hands in ([`NestedPass`]); for the recorded derivative, on the scope itself.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use crate::dtype::Float;
+use crate::engine::custom::panic_message;
 use crate::engine::nest::{nested, with_slice, CollectSmall, Small};
 use crate::error::{Error, Loc, Result};
 use crate::kernels;
 use crate::record::checkpoint::Replay;
 use crate::record::core::take_held;
 use crate::record::ctx::{BackwardCtx, GradCtx};
-use crate::record::handles::{Core, Scope, Var};
+use crate::record::handles::{Checkpoint, Core, Scope, Var};
 use crate::record::state::{NestedPass, Seed};
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
@@ -43,7 +46,7 @@ pub(crate) fn backward<'s, T: Float>(
         replay(inner, tape.step, entry.draws);
         let (at, n) = entry.in_place;
         inner.core.tape.borrow_mut().in_place.at.extend_from_slice(&tape.extra[at as usize..(at + n) as usize]);
-        let y = entry.block.forward(inner, vars, entry.part);
+        let y = run_block(entry.block, inner, vars, entry.part, entry.location)?;
         take_held(&mut inner.core.tape.borrow_mut(), None);
         let mut itape = inner.core.tape.borrow_mut();
         if let Some(e) = &itape.error {
@@ -142,6 +145,7 @@ pub(crate) fn grad<'s, T: Float>(
         (tape.draws, tape.no_grad) = saved;
         tape.replay.take()
     };
+    let y = y?;
     if core.tape.borrow().error.is_some() {
         return Ok(None);
     }
@@ -165,12 +169,31 @@ pub(crate) fn grad<'s, T: Float>(
 }
 
 impl<'s, 'g: 's, T: Float> Replay<'s, T> for Scope<'s, 'g, T> {
-    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Var<'s, T> {
+    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Result<Var<'s, T>> {
         // Copied out, so the list is not borrowed while the block runs (it may record a
         // checkpoint of its own, which pushes to it).
         let block = self.blocks.borrow()[table as usize];
-        block.forward(self, inputs, part)
+        let location = self.core.tape.borrow().checkpoints[table as usize].location;
+        run_block(block, self, inputs, part, location)
     }
+}
+
+/// Runs a block's forward, user code: a panic in it becomes the [`Error::Callback`] that
+/// names the block and where its checkpoint was recorded (as a custom op's callbacks do).
+/// What the block recorded before it panicked stays on the tape, unread.
+pub(crate) fn run_block<'c, 'e, T: Float>(
+    block: &'e (dyn Checkpoint<T> + 'e),
+    s: &'c Scope<'c, 'e, T>,
+    inputs: &[Var<'c, T>],
+    part: u32,
+    location: Loc,
+) -> Result<Var<'c, T>> {
+    catch_unwind(AssertUnwindSafe(|| block.forward(s, inputs, part))).map_err(|payload| Error::Callback {
+        op: "checkpoint",
+        callback: format!("the checkpointed block (part {part})"),
+        detail: panic_message(&*payload),
+        location,
+    })
 }
 
 /// While a checkpointed block is recomputed for its recorded derivative (the tape's

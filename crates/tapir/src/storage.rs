@@ -258,7 +258,7 @@ impl Arena {
 /// block, say), the chunks an arena grows through next come from the heap; freeing them
 /// in the middle of the heap leaves their touched pages resident for the life of the
 /// process, unless a later allocation happens to reuse them. A warmed-up graph allocates
-/// nothing, so none does. Measured on W8 with checkpoints (docs/benchmarks.md): 25 MiB of
+/// nothing, so none does. Measured on W8 with checkpoints (CHANGELOG.md, `1808fce`): 25 MiB of
 /// a 135 MiB peak RSS were such pages. The arena frees chunks only when it consolidates or
 /// releases, at most once per growth, so trimming then costs nothing per step.
 mod heap {
@@ -288,8 +288,8 @@ mod heap {
 /// below the last one, a pattern that the hardware prefetcher follows badly once the
 /// values no longer fit in cache; filled from the top down, the stores of a whole chain of
 /// values fall monotonically. On a chain of 10,000 ops on 4 KiB values (40 MB, beyond the
-/// 32 MiB L3) recording measured about 1.5x faster in most runs (docs/benchmarks.md,
-/// "Values filled from the top down").
+/// 32 MiB L3) recording measured about 1.5x faster in most runs (CHANGELOG.md, `84afa26`; first
+/// described in `git show 7037a6f:docs/benchmarks.md`, "Values filled from the top down").
 ///
 /// The cast at the end is `<[MaybeUninit<T>]>::assume_init_mut`, stable only from Rust
 /// 1.93, after the workspace's MSRV.

@@ -39,7 +39,7 @@ pub const MAX_THREADS: usize = 1024;
 /// against the calling thread whenever it records or walks serially between parallel ops.
 /// With it, the calling thread takes its share of every split, as OpenMP's master thread
 /// does in PyTorch: a W10 transformer step at 2 threads on 2 cores went from 270 to 190 ms
-/// (docs/benchmarks.md, W10).
+/// (CHANGELOG.md, `13ef515`).
 ///
 /// - `0` means one thread per core ([`std::thread::available_parallelism`]); counts above
 ///   [`MAX_THREADS`] are clamped to it.

@@ -65,8 +65,8 @@ const K_BLOCK: usize = 256;
 
 /// One faer call, or, for a long reduction with `a` used transposed (a weight gradient
 /// `xᵀ·dy` sums over every row of the batch), one per block of 256 along `k`, each adding
-/// into `dst`. On the 2-core AVX2 machine of `docs/benchmarks.md` this is 7–17% faster
-/// (two runs) for W10's four weight-gradient shapes (`m, n ∈ {128, 384, 512}`,
+/// into `dst`. On the 2-core AVX2 machine this is 7–17% faster
+/// (two runs; CHANGELOG.md, `cc6b98a`) for W10's four weight-gradient shapes (`m, n ∈ {128, 384, 512}`,
 /// `k = 2048`; `benches/examples/gemm_db.rs`): faer's own `k` blocking is coarser. The
 /// split depends only on `k`, so every way of tiling the output gives the same bits.
 fn sequential<T>(mut dst: MatMut<'_, T>, mut beta: Accum, a: MatRef<'_, T>, b: MatRef<'_, T>)

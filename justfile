@@ -76,7 +76,7 @@ valgrind := "valgrind --error-exitcode=1 --leak-check=full --show-leak-kinds=def
 
 # The tests under AddressSanitizer and LeakSanitizer (nightly; std itself is not instrumented).
 asan:
-    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
+    ASAN_OPTIONS=allocator_may_return_null=1 RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" cargo +nightly test -p tapir -p tapir-nn -p tapir-dist -p tapir-testing --lib --tests --target x86_64-unknown-linux-gnu
 
 # Public API of tapir, tapir-nn and tapir-dist (nightly rustdoc JSON, tools/public_api.py) diffed against docs/public-api/CRATE.txt; a difference fails.
 public-api:

@@ -307,7 +307,9 @@ mod tests {
         assert!(matches!(e, Error::TensorOutOfMemory { op: "jacobian", requested: r, .. } if r == requested), "{e}");
         assert_eq!(
             e.to_string(),
-            format!("jacobian: out of memory allocating {requested} bytes for a tensor of shape [3, 5] (at {location})")
+            format!(
+                "jacobian: out of memory allocating {requested} bytes for a tensor of shape [3, 5] (at {location})"
+            )
         );
         let e = bytes_for::<f64>("hessian", shape, usize::MAX, location).unwrap_err();
         assert!(matches!(e, Error::TensorOutOfMemory { op: "hessian", requested: usize::MAX, .. }), "{e}");

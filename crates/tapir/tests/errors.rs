@@ -313,8 +313,9 @@ const JACOBIAN_CHILD: &str = "TAPIR_TEST_JACOBIAN_OOM_CHILD";
 /// used to be allocated infallibly, which aborts the process; now it is refused with
 /// [`Error::TensorOutOfMemory`]. The allocation runs in a child process (this test's own
 /// binary, `--exact` this test) under `ulimit -v` of about 4 GB, so that the refusal does
-/// not depend on the machine's memory or overcommit policy; under AddressSanitizer, which
-/// reserves terabytes of shadow memory, the child runs without the limit.
+/// not depend on the machine's memory or overcommit policy. AddressSanitizer reserves
+/// terabytes of shadow memory, so under it the child runs without `ulimit` and with
+/// ASan's own cap on one allocation (4000 MB, returning null) instead.
 #[test]
 fn jacobian_too_large_for_memory() {
     let name = "errors::jacobian_too_large_for_memory";
@@ -332,8 +333,12 @@ fn jacobian_too_large_for_memory() {
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let args = ["--exact", name, "--nocapture", "--test-threads", "1"];
-    let mut cmd = if std::env::var_os("ASAN_OPTIONS").is_some() {
-        std::process::Command::new(&exe)
+    let mut cmd = if let Some(asan) = std::env::var_os("ASAN_OPTIONS") {
+        let mut c = std::process::Command::new(&exe);
+        let mut options = asan;
+        options.push(":allocator_may_return_null=1:max_allocation_size_mb=4000");
+        c.env("ASAN_OPTIONS", options);
+        c
     } else {
         let mut c = std::process::Command::new("bash");
         c.args(["-c", r#"ulimit -v 4000000; exec "$0" "$@""#]).arg(&exe);

@@ -4,7 +4,7 @@ use crate::dtype::Float;
 use crate::error::Error;
 use crate::record::handles::{Scope, Var};
 
-impl<'s, 'g, T: Float> Scope<'s, 'g, T> {
+impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// Records `e` as the scope's error (unless it already holds one, which is kept) and
     /// returns a poisoned handle, as a failed op does: every later op on the handle is
     /// skipped, and `value`, `item` and `backward` return the scope's first error. This is

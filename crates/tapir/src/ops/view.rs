@@ -63,7 +63,8 @@ impl<'s, T: Float> Var<'s, T> {
             Some(ax) => {
                 // A negative axis also names the dimension it resolved to.
                 let named = if axis < 0 { format!("axis {axis} (dimension {ax})") } else { format!("axis {axis}") };
-                let detail = format!("{named} has size {}, not 1; only a dimension of size 1 can be squeezed", shape.dim(ax));
+                let detail =
+                    format!("{named} has size {}, not 1; only a dimension of size 1 can be squeezed", shape.dim(ax));
                 self.core.fail_as("squeeze", |op| Error::InvalidShape { op, shape, detail, location })
             }
             None => self.core.fail_as("squeeze", |op| Error::BadAxis { op, axis, shape, location }),

@@ -133,3 +133,38 @@ fn with_params_of_the_wrong_length_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("reshape"), "{err}");
 }
+
+#[test]
+fn with_params_of_another_store_is_a_wrong_store_error_at_the_call() {
+    let mut store = ParamStore::<f64>::new();
+    let (m, _) = model(&mut store);
+    // A second model of the same architecture: its ids are valid positions in `store`, so
+    // before the check the layers read `store`'s values and ignored the override.
+    let mut other = ParamStore::<f64>::new();
+    let (_, foreign) = model(&mut other);
+    let t = task();
+    let theta = flatten_params(&other, &foreign).unwrap();
+    let mut graph = Graph::<f64>::new();
+    let mut line = 0;
+    let err = graph
+        .scope(|s| {
+            let cx = Ctx::eval(s, &store);
+            line = line!() + 1;
+            let cx = cx.with_params(s.leaf(&theta), &foreign);
+            m.forward(cx, s.input(&t.xs)).sum().item()
+        })
+        .unwrap_err();
+    let (expected, found) = (other.id(), store.id());
+    assert!(
+        matches!(err, tapir::Error::WrongStore { op: "Ctx::with_params", expected: e, found: f, .. } if e == expected && f == found),
+        "{err}"
+    );
+    let at = err.location().expect("a located error");
+    assert_eq!((at.file(), at.line()), (file!(), line), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "Ctx::with_params: parameter #0 belongs to parameter store #{expected}, but was used with store #{found} (at {at})"
+        )
+    );
+}

@@ -319,7 +319,8 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
                     out.remove(ax);
                     Outcome::Ok(out)
                 }
-                _ => err("BadAxis", "squeeze"),
+                Some(_) => err("InvalidShape", "squeeze"),
+                None => err("BadAxis", "squeeze"),
             }
         }
         Step::Unsqueeze { x, axis } => unsqueezed("unsqueeze", s(*x), *axis).map_or_else(|e| e, Outcome::Ok),

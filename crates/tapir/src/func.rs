@@ -23,7 +23,7 @@
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
 
 use crate::dtype::Float;
-use crate::error::{Error, Loc, Result};
+use crate::error::{try_vec, Error, Loc, Result};
 use crate::graph::graph::Graph;
 use crate::record::handles::{Scope, Var};
 use crate::shape::{Shape, MAX_RANK};
@@ -77,7 +77,7 @@ where
             return Err(Error::NotScalar { op: "value_and_grad", shape: y.shape(), location });
         }
         let [g] = s.grad(y, [xv])?;
-        Ok((value[0], owned(g)?))
+        Ok((value[0], owned("value_and_grad", g, location)?))
     })
 }
 
@@ -112,7 +112,7 @@ where
         let y = f(s, xv);
         let [g] = s.grad(y, [xv])?;
         let [hv] = s.grad((g * s.input(v)).sum(), [xv])?;
-        owned(hv)
+        owned("hvp", hv, location)
     })
 }
 
@@ -158,7 +158,7 @@ where
         let u = s.zeros(&sy.to_array()[..sy.rank()]).with_grad();
         let [ut_j] = s.vjp(y, u, [xv])?;
         let [jv] = s.grad((ut_j * s.input(v)).sum(), [u])?;
-        Ok((owned(y)?, owned(jv)?))
+        Ok((owned("jvp", y, location)?, owned("jvp", jv, location)?))
     })
 }
 
@@ -178,7 +178,8 @@ where
 ///
 /// # Errors
 /// What `f` records wrongly; [`Error::InvalidShape`] if the two ranks add up to more
-/// than [`MAX_RANK`].
+/// than [`MAX_RANK`] or the element count overflows; [`Error::TensorOutOfMemory`] if the
+/// allocator refuses the Jacobian's memory (it is allocated before the first product).
 #[track_caller]
 pub fn jacobian<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
 where
@@ -191,14 +192,15 @@ where
         y.value()?;
         let (sy, sx) = (y.shape(), x.shape());
         let shape = joined("jacobian", sy, sx, location)?;
-        let mut data = Vec::with_capacity(shape.numel());
-        let mut e = vec![T::ZERO; sy.numel()];
+        let mut data = zeroed("jacobian", shape, shape.numel(), location)?;
+        let mut e = zeroed("jacobian", sy, sy.numel(), location)?;
+        let n = sx.numel();
         for i in 0..sy.numel() {
             e[i] = T::ONE;
             let seed = s.tensor(&e, &sy.to_array()[..sy.rank()]);
             e[i] = T::ZERO;
             let [row] = s.vjp(y, seed, [xv])?;
-            data.extend_from_slice(row.value()?);
+            data[i * n..(i + 1) * n].copy_from_slice(row.value()?);
         }
         Ok(Tensor::from_parts(data, shape))
     })
@@ -233,21 +235,43 @@ where
         let y = f(s, xv);
         let sx = x.shape();
         let shape = joined("hessian", sx, sx, location)?;
+        s.check()?; // what `f` recorded wrongly comes first
+        let mut data = zeroed("hessian", shape, shape.numel(), location)?;
         let [g] = s.grad(y, [xv])?;
         let n = sx.numel();
         let flat = g.reshape(&[n]);
-        let mut data = Vec::with_capacity(shape.numel());
         for i in 0..n {
             let [row] = s.grad(flat.narrow(0, i, 1).sum(), [xv])?;
-            data.extend_from_slice(row.value()?);
+            data[i * n..(i + 1) * n].copy_from_slice(row.value()?);
         }
         Ok(Tensor::from_parts(data, shape))
     })
 }
 
-/// A handle's value as an owned tensor.
-fn owned<T: Float>(v: Var<'_, T>) -> Result<Tensor<T>> {
-    v.to_tensor()
+/// `n` zeros for the result of `op`, of shape `shape`, allocated fallibly: the byte count
+/// is checked first (see [`bytes_for`]), then [`try_vec`] reports a refusal of the
+/// allocator as [`Error::TensorOutOfMemory`] instead of aborting the process. A Jacobian
+/// or Hessian is the square of its input's size (`2^17` `f32` inputs make 64 GiB), so
+/// its size is the caller's to choose and the allocator's to refuse.
+fn zeroed<T: Float>(op: &'static str, shape: Shape, n: usize, location: Loc) -> Result<Vec<T>> {
+    bytes_for::<T>(op, shape, n, location)?;
+    try_vec(op, shape, n, T::ZERO, location)
+}
+
+/// The bytes of `n` elements of `T`, or [`Error::TensorOutOfMemory`] (without asking the
+/// allocator) if they overflow or exceed `isize::MAX`, the most a `Vec` can hold. A
+/// [`Shape`] already caps its element count at `isize::MAX / 8`, so this guards `n`s
+/// computed by the caller.
+fn bytes_for<T>(op: &'static str, shape: Shape, n: usize, location: Loc) -> Result<usize> {
+    match n.checked_mul(std::mem::size_of::<T>()) {
+        Some(bytes) if isize::try_from(bytes).is_ok() => Ok(bytes),
+        bytes => Err(Error::TensorOutOfMemory { op, shape, requested: bytes.unwrap_or(usize::MAX), location }),
+    }
+}
+
+/// A handle's value as an owned tensor, allocated fallibly for `op`.
+fn owned<T: Float>(op: &'static str, v: Var<'_, T>, location: Loc) -> Result<Tensor<T>> {
+    Tensor::copy_at(op, v.shape(), v.value()?, location)
 }
 
 fn same_shape(op: &'static str, x: Shape, v: Shape, location: Loc) -> Result<()> {
@@ -265,4 +289,39 @@ fn joined(op: &'static str, a: Shape, b: Shape, location: Loc) -> Result<Shape> 
     d[..ra].copy_from_slice(&a.to_array()[..ra]);
     d[ra..ra + rb].copy_from_slice(&b.to_array()[..rb]);
     crate::error::shape_at(op, a, &d[..ra + rb], location)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_byte_count_past_isize_max_is_refused_without_allocating() {
+        let (shape, location) = (Shape::new(&[3, 5]).unwrap(), std::panic::Location::caller());
+        // `Shape` cannot hold such a count (it caps elements at `isize::MAX / 8`), so the
+        // guard is tested on the count alone; a `Vec` this size would abort with a
+        // capacity overflow, not return an error.
+        let n = isize::MAX as usize / 4 + 1;
+        let e = zeroed::<f32>("jacobian", shape, n, location).unwrap_err();
+        let requested = n * 4;
+        assert!(matches!(e, Error::TensorOutOfMemory { op: "jacobian", requested: r, .. } if r == requested), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "jacobian: out of memory allocating {requested} bytes for a tensor of shape [3, 5] (at {location})"
+            )
+        );
+        let e = bytes_for::<f64>("hessian", shape, usize::MAX, location).unwrap_err();
+        assert!(matches!(e, Error::TensorOutOfMemory { op: "hessian", requested: usize::MAX, .. }), "{e}");
+        assert_eq!(bytes_for::<f64>("hessian", shape, 15, location).unwrap(), 120);
+    }
+
+    #[test]
+    fn the_largest_shape_fits_isize_in_bytes() {
+        // The guard's premise for `Shape`s: their element count times 8 bytes never overflows.
+        let e = Shape::new(&[1 << 31, 1 << 31]).unwrap_err();
+        assert!(matches!(e, crate::shape::ShapeProblem::Overflow), "{e:?}");
+        let big = Shape::new(&[1 << 30, (1 << 30) - 1]).unwrap();
+        assert!(bytes_for::<f64>("hessian", big, big.numel(), std::panic::Location::caller()).is_ok());
+    }
 }

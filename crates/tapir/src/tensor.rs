@@ -58,8 +58,8 @@ impl<T: Float> Tensor<T> {
     }
 
     /// A tensor of `shape` copied from `data`, allocated fallibly (for copying values and
-    /// gradients out of a scope); see [`Tensor::full_at`].
-    #[allow(dead_code)] // For the graph's `to_tensor` and `grad_tensor`, which still copy infallibly.
+    /// gradients out of a scope, as the function transforms of `func` do); see
+    /// [`Tensor::full_at`].
     pub(crate) fn copy_at(op: &'static str, shape: Shape, data: &[T], location: Loc) -> Result<Tensor<T>> {
         let mut t = Self::zeros_at(op, shape, location)?;
         t.data.copy_from_slice(data);

@@ -7,9 +7,10 @@
 
 use rand::{RngExt, SeedableRng};
 
-use crate::error::Error;
+use crate::error::{try_vec, Error, Loc};
 use crate::graph::graph::Graph;
 use crate::record::handles::{Scope, Var};
+use crate::shape::Shape;
 use crate::tensor::Tensor;
 
 /// Step and tolerances for [`gradcheck`].
@@ -79,19 +80,18 @@ pub enum GradcheckError {
 /// # Errors
 /// [`GradcheckError`] on the first disagreement or failure.
 #[allow(clippy::needless_range_loop)] // `index` addresses the input, its copy and the gradient alike.
+#[track_caller]
 pub fn gradcheck<F>(inputs: &[Tensor<f64>], opts: GradcheckOptions, f: F) -> Result<GradcheckReport, GradcheckError>
 where
     F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,
 {
+    let (op, location) = ("gradcheck", std::panic::Location::caller());
     let mut graph = Graph::<f64>::new();
     graph.set_threads(1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     // Shape of the output, then the projection.
-    let out_len = graph.scope(|s| {
-        let vars: Vec<_> = inputs.iter().map(|t| s.input(t)).collect();
-        f(s, &vars).value().map(<[f64]>::len)
-    })?;
-    let r: Vec<f64> = (0..out_len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let out = output_shape(&mut graph, inputs, &f)?;
+    let r = drawn(op, out, &mut rng, location)?;
     let analytic = graph.scope(|s| -> Result<Vec<Vec<f64>>, GradcheckError> {
         let vars: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
         let l = project(s, f(s, &vars), &r);
@@ -105,10 +105,10 @@ where
         Ok(vars
             .iter()
             .zip(inputs)
-            .map(|(v, t)| v.grad().map_or_else(|| vec![0.0; t.numel()], <[f64]>::to_vec))
-            .collect())
+            .map(|(v, t)| copied(op, t.shape(), v.grad(), location))
+            .collect::<Result<_, Error>>()?)
     })?;
-    let mut work: Vec<Tensor<f64>> = inputs.to_vec();
+    let mut work = copies(op, inputs, location)?;
     let mut report = GradcheckReport { checked: 0, max_abs_err: 0.0 };
     for input in 0..inputs.len() {
         for index in 0..inputs[input].numel() {
@@ -158,20 +158,18 @@ where
 /// # Errors
 /// [`GradcheckError`] on the first disagreement or failure.
 #[allow(clippy::needless_range_loop)] // `index` addresses the input, its copy and the result alike.
+#[track_caller]
 pub fn gradgradcheck<F>(inputs: &[Tensor<f64>], opts: GradcheckOptions, f: F) -> Result<GradcheckReport, GradcheckError>
 where
     F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,
 {
+    let (op, location) = ("gradgradcheck", std::panic::Location::caller());
     let mut graph = Graph::<f64>::new();
     graph.set_threads(1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x5eed_9a4d);
-    let out_len = graph.scope(|s| {
-        let vars: Vec<_> = inputs.iter().map(|t| s.input(t)).collect();
-        f(s, &vars).value().map(<[f64]>::len)
-    })?;
-    let r: Vec<f64> = (0..out_len).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let u: Vec<Vec<f64>> =
-        inputs.iter().map(|t| (0..t.numel()).map(|_| rng.random_range(-1.0..1.0)).collect()).collect();
+    let out = output_shape(&mut graph, inputs, &f)?;
+    let r = drawn(op, out, &mut rng, location)?;
+    let u = inputs.iter().map(|t| drawn(op, t.shape(), &mut rng, location)).collect::<Result<Vec<_>, Error>>()?;
     // ∂M/∂x through two recorded gradients.
     let analytic = graph.scope(|s| -> Result<Vec<Vec<f64>>, GradcheckError> {
         let vars: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
@@ -187,7 +185,7 @@ where
         }
         let mut second = vec![s.scalar(0.0); vars.len()];
         s.grad_into(m, &vars, &mut second)?;
-        second.iter().map(|h| Ok(h.value()?.to_vec())).collect()
+        second.iter().zip(inputs).map(|(h, t)| Ok(copied(op, t.shape(), Some(h.value()?), location)?)).collect()
     })?;
     // M(x) from the fast backward.
     let m_at = |graph: &mut Graph<f64>, work: &[Tensor<f64>]| -> Result<f64, GradcheckError> {
@@ -205,7 +203,7 @@ where
                 .sum())
         })?)
     };
-    let mut work: Vec<Tensor<f64>> = inputs.to_vec();
+    let mut work = copies(op, inputs, location)?;
     let mut report = GradcheckReport { checked: 0, max_abs_err: 0.0 };
     for input in 0..inputs.len() {
         for index in 0..inputs[input].numel() {
@@ -228,6 +226,46 @@ where
         }
     }
     Ok(report)
+}
+
+/// The shape of `f`'s output at `inputs`.
+fn output_shape<F>(graph: &mut Graph<f64>, inputs: &[Tensor<f64>], f: &F) -> Result<Shape, Error>
+where
+    F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,
+{
+    graph.scope(|s| {
+        let vars: Vec<_> = inputs.iter().map(|t| s.input(t)).collect();
+        let out = f(s, &vars);
+        out.value()?;
+        Ok(out.shape())
+    })
+}
+
+// The buffers below are as large as the caller's tensors or `f`'s output, so they are
+// allocated fallibly like every owned tensor: an input too large to copy is an
+// `Error::TensorOutOfMemory` naming the check, not an abort.
+
+/// Uniform draws in `[-1, 1)` for each element of `shape`, in order.
+fn drawn(op: &'static str, shape: Shape, rng: &mut impl RngExt, location: Loc) -> Result<Vec<f64>, Error> {
+    let mut v = try_vec(op, shape, shape.numel(), 0.0, location)?;
+    for x in &mut v {
+        *x = rng.random_range(-1.0..1.0);
+    }
+    Ok(v)
+}
+
+/// A copy of `data` (zeros for `None`, a gradient that was never written) of `shape`.
+fn copied(op: &'static str, shape: Shape, data: Option<&[f64]>, location: Loc) -> Result<Vec<f64>, Error> {
+    let mut v = try_vec(op, shape, shape.numel(), 0.0, location)?;
+    if let Some(data) = data {
+        v.copy_from_slice(data);
+    }
+    Ok(v)
+}
+
+/// Copies of `inputs`, to perturb.
+fn copies(op: &'static str, inputs: &[Tensor<f64>], location: Loc) -> Result<Vec<Tensor<f64>>, Error> {
+    inputs.iter().map(|t| Tensor::copy_at(op, t.shape(), t.data(), location)).collect()
 }
 
 /// `L = Σ out ⊙ r`.

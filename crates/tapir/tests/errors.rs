@@ -279,3 +279,78 @@ fn adjoint_ops_reject_bad_input() {
     assert!(matches!(e, Error::InvalidShape { .. }), "{e:?}");
     assert_names(&e, "col2im", &["[2, 3]"], true);
 }
+
+#[test]
+fn squeeze_of_a_dimension_that_is_not_1() {
+    // Regression: a size-3 axis was reported as out of range; it is in range, just not 1.
+    let a = t(&[2, 3]);
+    let mut g = Graph::<f64>::new();
+    let (e, line) = g.scope(|s| {
+        let line = line!() + 1;
+        let _ = s.leaf(&a).squeeze(-1);
+        (s.check().unwrap_err(), line)
+    });
+    assert!(matches!(&e, Error::InvalidShape { op: "squeeze", detail, .. } if detail.contains("size 3")), "{e:?}");
+    let at = e.location().expect("a located error");
+    assert_eq!((at.file(), at.line()), (file!(), line));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "squeeze: axis -1 (dimension 1) has size 3, not 1; only a dimension of size 1 can be squeezed \
+             (input shape [2, 3]) (at {at})"
+        )
+    );
+    // An axis out of range is still one.
+    let e = scope_error!(|s| s.leaf(&a).squeeze(2));
+    assert!(matches!(e, Error::BadAxis { op: "squeeze", axis: 2, .. }), "{e:?}");
+    assert_names(&e, "squeeze", &["axis 2 is out of range for shape [2, 3] (valid: -2..2)"], true);
+}
+
+/// Set in the child process of [`jacobian_too_large_for_memory`].
+const JACOBIAN_CHILD: &str = "TAPIR_TEST_JACOBIAN_OOM_CHILD";
+
+/// The Jacobian of the identity on `2^17` `f32`s is a `2^17 × 2^17` matrix, 64 GiB. It
+/// used to be allocated infallibly, which aborts the process; now it is refused with
+/// [`Error::TensorOutOfMemory`]. The allocation runs in a child process (this test's own
+/// binary, `--exact` this test) under `ulimit -v` of about 4 GB, so that the refusal does
+/// not depend on the machine's memory or overcommit policy. AddressSanitizer reserves
+/// terabytes of shadow memory, so under it the child runs without `ulimit` and with
+/// ASan's own cap on one allocation (4000 MB, returning null) instead.
+#[test]
+fn jacobian_too_large_for_memory() {
+    let name = "errors::jacobian_too_large_for_memory";
+    if std::env::var_os(JACOBIAN_CHILD).is_some() {
+        let x = Tensor::<f32>::zeros(&[1 << 17]).unwrap();
+        let mut g = Graph::<f32>::new();
+        let line = line!() + 1;
+        let e = tapir::func::jacobian(&mut g, &x, |_, x| x).unwrap_err();
+        let requested = (1usize << 34) * 4;
+        assert!(matches!(e, Error::TensorOutOfMemory { op: "jacobian", requested: r, .. } if r == requested), "{e:?}");
+        let at = e.location().expect("a located error");
+        assert_eq!((at.file(), at.line()), (file!(), line));
+        println!("child: {e}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let args = ["--exact", name, "--nocapture", "--test-threads", "1"];
+    let mut cmd = if let Some(asan) = std::env::var_os("ASAN_OPTIONS") {
+        let mut c = std::process::Command::new(&exe);
+        let mut options = asan;
+        options.push(":allocator_may_return_null=1:max_allocation_size_mb=4000");
+        c.env("ASAN_OPTIONS", options);
+        c
+    } else {
+        let mut c = std::process::Command::new("bash");
+        c.args(["-c", r#"ulimit -v 4000000; exec "$0" "$@""#]).arg(&exe);
+        c
+    };
+    let out = cmd.args(args).env(JACOBIAN_CHILD, "1").output().expect("run the child");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed ({}):\n{text}", out.status);
+    let expected = format!(
+        "child: jacobian: out of memory allocating 68719476736 bytes for a tensor of shape [131072, 131072] (at {}:",
+        file!()
+    );
+    assert!(text.contains(&expected), "expected {expected:?} in:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran exactly this test:\n{text}");
+}

@@ -75,9 +75,12 @@ impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
     /// [`flat_len`](crate::flat_len)`(store, ids)` elements. Parameters not in `ids` still
     /// come from the store.
     ///
-    /// A `flat` with the wrong number of elements poisons the scope with `reshape`'s
-    /// [`tapir::Error::InvalidShape`] at the first parameter read, and an id
-    /// foreign to the store with [`tapir::Error::UnknownParam`].
+    /// Every id of `ids` is checked against the store here, at the call: an id of another
+    /// store poisons the scope with [`tapir::Error::WrongStore`] (op `Ctx::with_params`,
+    /// the caller's line), and one past the store's end with
+    /// [`tapir::Error::UnknownParam`], rather than leaving the layers to read the store's
+    /// own values and ignore `flat`. A `flat` with the wrong number of elements poisons the
+    /// scope with `reshape`'s [`tapir::Error::InvalidShape`] at the first parameter read.
     ///
     /// ```
     /// use rand::SeedableRng;
@@ -101,7 +104,15 @@ impl<'s, 'g: 's, T: Float> Ctx<'s, 'g, T> {
     /// # Ok(()) }
     /// ```
     #[must_use]
+    #[track_caller]
     pub fn with_params(self, flat: Var<'s, T>, ids: &'g [ParamId]) -> Self {
+        // A `for` loop, not `find_map`: `#[track_caller]` does not pass through closures.
+        for &id in ids {
+            if let Err(e) = self.store.check("Ctx::with_params", id) {
+                self.scope.fail(e);
+                break;
+            }
+        }
         Ctx { overrides: Some(Overrides { flat, ids }), ..self }
     }
 

@@ -46,19 +46,28 @@ impl<'s, T: Float> Var<'s, T> {
     }
 
     /// Removes `axis`, which must have size 1.
+    ///
+    /// # Errors
+    /// [`Error::BadAxis`] (recorded) if `axis` is out of range; [`Error::InvalidShape`]
+    /// naming the axis and its size if that dimension is not 1.
     #[track_caller]
     pub fn squeeze(self, axis: isize) -> Var<'s, T> {
         let _name = self.core.composite("squeeze");
         let shape = self.shape();
+        let location = Location::caller();
         match resolve_axis(shape.rank(), axis) {
             Some(ax) if shape.dim(ax) == 1 => {
                 let kept = shape.without(ax);
                 self.reshape(&kept.to_array()[..kept.rank()])
             }
-            _ => {
-                let location = Location::caller();
-                self.core.fail_as("squeeze", |op| Error::BadAxis { op, axis, shape, location })
+            Some(ax) => {
+                // A negative axis also names the dimension it resolved to.
+                let named = if axis < 0 { format!("axis {axis} (dimension {ax})") } else { format!("axis {axis}") };
+                let detail =
+                    format!("{named} has size {}, not 1; only a dimension of size 1 can be squeezed", shape.dim(ax));
+                self.core.fail_as("squeeze", |op| Error::InvalidShape { op, shape, detail, location })
             }
+            None => self.core.fail_as("squeeze", |op| Error::BadAxis { op, axis, shape, location }),
         }
     }
 

@@ -87,10 +87,10 @@ fn files_are_at_most_600_lines() {
 fn the_fixture_has_exactly_its_three_planted_faults() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/layering");
     let layers: Layers<'_> = &[("lib.rs", 2), ("low.rs", 0), ("long.rs", 0), ("high", 1)];
-    let mut findings = check_crate(&fixture.join("src"), Some(layers)).unwrap();
+    let mut findings = check_crate(&fixture.join("tree"), Some(layers)).unwrap();
     let files: Vec<_> = ["lib.rs", "low.rs", "long.rs", "high/mod.rs", "high/a.rs", "high/b.rs"]
         .iter()
-        .map(|f| Path::new("src").join(f))
+        .map(|f| Path::new("tree").join(f))
         .collect();
     findings.extend(check_sizes(&fixture, &files).unwrap());
     print_findings("fixture", &findings);
@@ -106,7 +106,7 @@ fn the_fixture_has_exactly_its_three_planted_faults() {
         "{:?}",
         findings[1]
     );
-    assert_eq!(findings[2], Finding::TooLong { file: "src/long.rs".into(), lines: 601 });
+    assert_eq!(findings[2], Finding::TooLong { file: "tree/long.rs".into(), lines: 601 });
 }
 
 /// The docs whose paths must exist.

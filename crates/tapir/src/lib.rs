@@ -61,6 +61,7 @@ pub use dtype::Float;
 pub use error::{Error, Loc, Result};
 pub use graph::graph::{Graph, GraphStats};
 pub use graph::report::{MemoryReport, OpMemory};
+pub use graph::session::Session;
 pub use kernels::binary_fn::BinaryFn;
 pub use kernels::unary_fn::UnaryFn;
 pub use params::{Grad, GradBuffer, GradMut, ParamId, ParamStore};

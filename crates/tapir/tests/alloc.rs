@@ -225,3 +225,31 @@ fn warmed_up_checkpointed_step_allocates_nothing() {
     assert!(counts[2..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
     assert!(graph.stats().scratch.high_water > 0, "the blocks ran on the scratch arena");
 }
+
+/// The same holds for a scope held open between calls ([`tapir::Session`]), with nodes
+/// kept by index as a binding keeps them: opening and closing reuse the graph's memory.
+#[test]
+fn warmed_up_session_step_allocates_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    let mut store = ParamStore::<f32>::new();
+    let w = store.add("w", Tensor::normal(&[16, 8], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let x: Vec<f32> = Tensor::<f32>::normal(&[4, 16], 0.0, 1.0, &mut rng).unwrap().data().to_vec();
+    let mut grads = store.zeros_like().unwrap();
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut session = tapir::Session::new(graph);
+    let mut counts = vec![];
+    for _ in 0..20 {
+        let before = ALLOC.allocations();
+        grads.zero();
+        session.open();
+        let xi = session.with(|s| s.tensor(&x, &[4, 16]).index()).unwrap();
+        let wi = session.with(|s| s.param_copied(&store, w).index()).unwrap();
+        let li = session.with(|s| s.var_at(xi).unwrap().matmul(s.var_at(wi).unwrap()).tanh().square().mean().index());
+        session.with(|s| s.backward_add(s.var_at(li.unwrap()).unwrap(), &mut grads).unwrap()).unwrap();
+        session.close();
+        counts.push(ALLOC.allocations() - before);
+    }
+    assert!(counts[0] > 0, "the first step sets the arena and tape up");
+    assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+}

@@ -21,4 +21,5 @@ mod nan;
 mod second_order;
 mod second_order_props;
 mod semantics;
+mod session;
 mod tensor;

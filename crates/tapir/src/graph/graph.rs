@@ -27,7 +27,6 @@ use crate::tape::tape::recycle;
 #[derive(Debug)]
 pub struct Graph<T: Float = f32> {
     arena: Arena,
-    spare: Spare<T>,
     /// Where checkpointed blocks record, reset after each block's forward and after each
     /// block's recomputation (see [`Scope::checkpoint`]).
     scratch: Scratch<T>,
@@ -35,6 +34,13 @@ pub struct Graph<T: Float = f32> {
     /// rayon's global pool, which [`init_threads`](crate::init_threads) must build first).
     par: Option<Par>,
     anomaly: bool,
+    keep: Keep<T>,
+}
+
+/// What a graph keeps from one scope to the next, apart from its arenas.
+#[derive(Debug, Default)]
+pub(crate) struct Keep<T: Float> {
+    spare: Spare<T>,
     last: GraphStats,
     /// Scopes run so far (see [`Scope::next_draw`]).
     steps: u64,
@@ -78,16 +84,7 @@ impl<T: Float> Graph<T> {
     /// The parallelism is read when each scope starts, not here, so creating a graph does
     /// not start rayon's global pool.
     pub fn new() -> Graph<T> {
-        Graph {
-            arena: Arena::new(),
-            spare: Spare::default(),
-            scratch: Scratch::default(),
-            par: None,
-            anomaly: false,
-            last: GraphStats::default(),
-            steps: 0,
-            spare_blocks: SpareBlocks(Vec::new()),
-        }
+        Graph { arena: Arena::new(), scratch: Scratch::default(), par: None, anomaly: false, keep: Keep::default() }
     }
 
     /// Caps the bytes a scope may allocate in the arena; an op that would pass the cap
@@ -126,7 +123,7 @@ impl<T: Float> Graph<T> {
 
     /// Statistics of the last scope (nodes, tape bytes) and of the arena now.
     pub fn stats(&self) -> GraphStats {
-        GraphStats { arena: self.arena.stats(), scratch: self.scratch.arena.borrow().stats(), ..self.last }
+        GraphStats { arena: self.arena.stats(), scratch: self.scratch.arena.borrow().stats(), ..self.keep.last }
     }
 
     /// Records one iteration: runs `f` with a fresh scope, then frees everything it
@@ -206,37 +203,76 @@ impl<T: Float> Graph<T> {
     /// # Ok(()) }
     /// ```
     pub fn scope<'g, R>(&'g mut self, f: impl for<'s> FnOnce(&'s Scope<'s, 'g, T>) -> R) -> R {
+        let out = {
+            let (arena, scratch, keep, settings) = self.parts();
+            let scope = Self::begin(arena, scratch, keep, settings);
+            let out = f(&scope);
+            // `scope` stays borrowed for 's until it is dropped, so take the tape's
+            // vectors out through the cells rather than moving them.
+            Self::finish(arena, scratch, keep, &mut scope.core.tape.borrow_mut(), &mut scope.blocks.borrow_mut());
+            out
+        };
+        self.end();
+        out
+    }
+
+    /// Resets the arenas for a new scope and lends out the parts a scope reads apart
+    /// from the parts it returns to at its end.
+    /// The settings come with them: the parallelism and whether anomaly detection is on.
+    pub(crate) fn parts(&mut self) -> (&Arena, &Scratch<T>, &mut Keep<T>, (Par, bool)) {
         self.arena.reset();
         // Normally empty already: each block resets it; a block that panicked did not.
         self.scratch.arena.get_mut().reset();
-        let out = {
-            let par = self.par();
-            let mut tape = State::from_spare(&mut self.spare);
-            tape.nest = Some(Nest { scratch: &self.scratch, par, anomaly: self.anomaly });
-            tape.step = self.steps;
-            self.steps += 1;
-            let blocks = RefCell::new(recycle(std::mem::take(&mut self.spare_blocks.0)));
-            let scope = Scope { core: Core::new(&self.arena, tape, par, self.anomaly), blocks, _env: PhantomData };
-            let out = f(&scope);
-            // `scope` stays borrowed for 's until it is dropped, so take the tape's
-            // vectors out through the cell rather than moving the cell.
-            let mut tape = scope.core.tape.borrow_mut();
-            self.last = GraphStats {
-                nodes: tape.nodes.len(),
-                tape_bytes: tape.bytes(),
-                arena: self.arena.stats(),
-                scratch: self.scratch.arena.borrow().stats(),
-            };
-            tape.drain_into(&mut self.spare);
-            let mut blocks = std::mem::take(&mut *scope.blocks.borrow_mut());
-            blocks.clear();
-            self.spare_blocks.0 = recycle(blocks);
-            out
+        let settings = (self.par(), self.anomaly);
+        (&self.arena, &self.scratch, &mut self.keep, settings)
+    }
+
+    /// Starts a scope on the parts [`parts`](Graph::parts) lent: the tape's vectors come
+    /// from the spares.
+    pub(crate) fn begin<'s, 'g>(
+        arena: &'s Arena,
+        scratch: &'s Scratch<T>,
+        keep: &mut Keep<T>,
+        (par, anomaly): (Par, bool),
+    ) -> Scope<'s, 'g, T> {
+        let mut tape = State::from_spare(&mut keep.spare);
+        tape.nest = Some(Nest { scratch, par, anomaly });
+        tape.step = keep.steps;
+        keep.steps += 1;
+        let blocks = RefCell::new(recycle(std::mem::take(&mut keep.spare_blocks.0)));
+        Scope { core: Core::new(arena, tape, par, anomaly), blocks, _env: PhantomData }
+    }
+
+    /// Ends a scope's recording: its statistics, and its vectors back to the spares.
+    pub(crate) fn finish(
+        arena: &Arena,
+        scratch: &Scratch<T>,
+        keep: &mut Keep<T>,
+        tape: &mut State<'_, T>,
+        blocks: &mut Vec<&(dyn Checkpoint<T> + '_)>,
+    ) {
+        keep.last = GraphStats {
+            nodes: tape.nodes.len(),
+            tape_bytes: tape.bytes(),
+            arena: arena.stats(),
+            scratch: scratch.arena.borrow().stats(),
         };
+        tape.drain_into(&mut keep.spare);
+        blocks.clear();
+        keep.spare_blocks.0 = recycle(std::mem::take(blocks));
+    }
+
+    /// Ends a scope whose parts were taken apart (a [`Session`](crate::Session)'s).
+    pub(crate) fn finish_parts(&mut self, tape: &mut State<'_, T>, blocks: &mut Vec<&(dyn Checkpoint<T> + '_)>) {
+        Self::finish(&self.arena, &self.scratch, &mut self.keep, tape, blocks);
+        self.end();
+    }
+
+    /// After the scope is gone: the arena's hysteresis (see [`shrink_to_fit`](Graph::shrink_to_fit)).
+    pub(crate) fn end(&mut self) {
         if self.arena.end_scope() {
-            State::shrink(&mut self.spare);
+            State::shrink(&mut self.keep.spare);
         }
-        out
     }
 
     /// Gives the memory this graph keeps between scopes (the arena's chunks and the tape's
@@ -249,7 +285,7 @@ impl<T: Float> Graph<T> {
     /// never shrinks and regrows. [`ArenaStats::releases`] counts the releases.
     pub fn shrink_to_fit(&mut self) {
         self.arena.shrink_to_fit();
-        State::shrink(&mut self.spare);
+        State::shrink(&mut self.keep.spare);
         self.scratch.arena.get_mut().shrink_to_fit();
         State::shrink(self.scratch.spare.get_mut());
     }

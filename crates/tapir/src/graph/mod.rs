@@ -5,4 +5,8 @@
 pub(crate) mod graph;
 pub(crate) mod report;
 pub(crate) mod scope;
+// The one module besides `storage` with `unsafe` blocks: a scope held between calls
+// (docs/unsafe.md).
+#[allow(unsafe_code)]
+pub(crate) mod session;
 pub(crate) mod var;

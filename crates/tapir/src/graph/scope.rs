@@ -41,36 +41,72 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// store's end with [`Error::UnknownParam`].
     #[track_caller]
     pub fn param(&'s self, store: &'g ParamStore<T>, id: ParamId) -> Var<'s, T> {
+        self.param_node(store, id, |t| Some(t.data()))
+    }
+
+    /// As [`param`](Scope::param), with the value copied into the arena: for a scope
+    /// that cannot borrow the store for `'g` (a [`Session`](crate::Session)'s). The node
+    /// is a parameter node all the same (its gradient goes to `backward_into`'s buffer).
+    #[track_caller]
+    pub fn param_copied(&'s self, store: &ParamStore<T>, id: ParamId) -> Var<'s, T> {
+        self.param_node(store, id, |_| None)
+    }
+
+    /// A parameter node of `store`'s `id`, whose value `borrow` gives, or a copy if it
+    /// gives `None`.
+    #[track_caller]
+    fn param_node<'a>(
+        &'s self,
+        store: &'a ParamStore<T>,
+        id: ParamId,
+        borrow: impl FnOnce(&'a Tensor<T>) -> Option<&'s [T]>,
+    ) -> Var<'s, T> {
         match store.check("param", id) {
             // The node's payload is [index, store identity low, high], so that
             // `backward_into` can tell parameters of two stores apart.
             Ok(i) => {
                 let payload = [i as u32, store.id() as u32, (store.id() >> 32) as u32];
+                let t = store.at(i);
+                let value = borrow(t);
                 // A checkpointed block recomputed for a recorded derivative reads the
                 // checkpoint's own parameter nodes.
-                let value = Some(store.at(i).data());
                 if let Some(v) = replayed_param(&self.core, payload, value, Location::caller()) {
                     return v;
                 }
                 self.core.record(OpKind::Param, |r| {
-                    let t = store.at(i);
                     let at = r.extra(payload)?;
-                    Ok((Op::Param(at), t.shape(), t.data()))
+                    let value = match value {
+                        Some(v) => v,
+                        None => r.alloc_iter(t.data().iter().copied())?,
+                    };
+                    Ok((Op::Param(at), t.shape(), value))
                 })
             }
             Err(e) => self.core.fail(e),
         }
     }
 
+    /// A gradient-requesting leaf copied into the arena from `data`, with shape `dims`:
+    /// [`leaf`](Scope::leaf) for data that does not outlive the scope.
+    #[track_caller]
+    pub fn variable(&'s self, data: &[T], dims: &[usize]) -> Var<'s, T> {
+        self.copied("variable", Op::Variable, data, dims)
+    }
+
     /// A constant copied into the arena from `data`, with shape `dims`.
     #[track_caller]
     pub fn tensor(&'s self, data: &[T], dims: &[usize]) -> Var<'s, T> {
-        self.core.record_as("tensor", |r| {
+        self.copied("tensor", Op::Leaf, data, dims)
+    }
+
+    #[track_caller]
+    fn copied(&'s self, op: &'static str, node: Op<'s, T>, data: &[T], dims: &[usize]) -> Var<'s, T> {
+        self.core.record_as(op, |r| {
             let shape = r.shape_of(Shape::scalar(), dims)?;
             if data.len() != shape.numel() {
-                return Err(Error::DataLength { op: "tensor", len: data.len(), shape, location: r.location });
+                return Err(Error::DataLength { op, len: data.len(), shape, location: r.location });
             }
-            Ok((Op::Leaf, shape, r.alloc_iter(data.iter().copied())?))
+            Ok((node, shape, r.alloc_iter(data.iter().copied())?))
         })
     }
 
@@ -232,51 +268,17 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     #[track_caller]
     pub fn backward_into(&'s self, loss: Var<'s, T>, grads: &'s mut GradBuffer<T>) -> Result<()> {
         let (op, location) = ("backward_into", Location::caller());
-        // A parameter node's payload is [index, store identity low, high] (see `param`).
-        let decode = |tape: &State<'s, T>, at: u32| {
-            let e = &tape.extra[at as usize..at as usize + 3];
-            (e[0] as usize, u64::from(e[1]) | (u64::from(e[2]) << 32))
-        };
         let mut tape = self.core.tape.borrow_mut();
-        Self::ready(&tape, (loss, Seed::One), op, location)?;
-        for node in tape.nodes.iter().map(|n| tape.view(n)) {
-            if let Op::Param(at) = node.op {
-                let (p, store) = decode(&tape, at);
-                if store != grads.store() {
-                    let (expected, found) = (grads.store(), store);
-                    return Err(Error::WrongStore {
-                        op,
-                        what: "the gradient buffer".into(),
-                        expected,
-                        found,
-                        location,
-                    });
-                }
-                if grads.shape(p) != Some(node.shape) {
-                    let held = grads.shape(p).map_or("no such parameter".to_string(), |s| s.to_string());
-                    let detail =
-                        format!("parameter #{p} has shape {} but the gradient buffer holds {held}", node.shape);
-                    return Err(Error::UnknownParam { op, detail, location });
-                }
-            }
-        }
+        Self::ready_into(&tape, loss, grads, op, location)?;
         let params = tape.nodes.iter().enumerate().filter_map(|(i, n)| match n.op {
-            Op::Param(at) if n.requires_grad => Some((decode(&tape, at).0, i as u32)),
+            Op::Param(at) if n.requires_grad => Some((param_of(&tape, at).0, i as u32)),
             _ => None,
         });
-        let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
         if !grads.plan(params) {
             // The buffer holds gradients already: compute in the arena, then add.
-            let (seed, flags) = ((loss.id, Seed::One), (anomaly, true));
-            backward::run_with(&mut tape, arena, par, seed, location, flags, |_, _| {}, |_, _| {})?;
-            tape.consumed = true;
-            for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
-                if let (Op::Param(at), Some(g)) = (node.op, g) {
-                    crate::kernels::add_assign(grads.slot_mut(decode(&tape, at).0), g);
-                }
-            }
-            return Ok(());
+            return self.add_into(&mut tape, loss, grads, location);
         }
+        let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
         let lent = grads.address_range();
         let is_lent = |g: &[T]| lent.contains(&(g.as_ptr() as usize));
         tape.lent = lent.clone();
@@ -313,7 +315,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             tape.consumed = true;
             for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
                 if let (Op::Param(at), Some(g)) = (node.op, g) {
-                    if let Ok(k) = shared.binary_search_by_key(&decode(&tape, at).0, |e| e.0) {
+                    if let Ok(k) = shared.binary_search_by_key(&param_of(&tape, at).0, |e| e.0) {
                         crate::kernels::add_assign(shared[k].1, g);
                     }
                 }
@@ -323,6 +325,74 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         }
         tape.shared_grads = recycle(shared);
         result
+    }
+
+    /// As [`backward_into`](Scope::backward_into), but `grads` is borrowed for this call
+    /// only: the gradients are computed in the arena and then added into it, so a step
+    /// holds two copies of the parameter gradients where `backward_into` may hold one. For
+    /// a scope that cannot lend the buffer for `'s` (a [`Session`](crate::Session)'s).
+    ///
+    /// # Errors
+    /// As for `backward_into`; on error `grads` is unchanged.
+    #[track_caller]
+    pub fn backward_add(&'s self, loss: Var<'s, T>, grads: &mut GradBuffer<T>) -> Result<()> {
+        let (op, location) = ("backward_add", Location::caller());
+        let mut tape = self.core.tape.borrow_mut();
+        Self::ready_into(&tape, loss, grads, op, location)?;
+        self.add_into(&mut tape, loss, grads, location)
+    }
+
+    /// [`ready`](Scope::ready), then checks that `grads` suits every parameter node.
+    fn ready_into(
+        tape: &State<'s, T>,
+        loss: Var<'s, T>,
+        grads: &GradBuffer<T>,
+        op: &'static str,
+        location: Loc,
+    ) -> Result<()> {
+        Self::ready(tape, (loss, Seed::One), op, location)?;
+        for node in tape.nodes.iter().map(|n| tape.view(n)) {
+            if let Op::Param(at) = node.op {
+                let (p, store) = param_of(tape, at);
+                if store != grads.store() {
+                    let (expected, found) = (grads.store(), store);
+                    return Err(Error::WrongStore {
+                        op,
+                        what: "the gradient buffer".into(),
+                        expected,
+                        found,
+                        location,
+                    });
+                }
+                if grads.shape(p) != Some(node.shape) {
+                    let held = grads.shape(p).map_or("no such parameter".to_string(), |s| s.to_string());
+                    let detail =
+                        format!("parameter #{p} has shape {} but the gradient buffer holds {held}", node.shape);
+                    return Err(Error::UnknownParam { op, detail, location });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A releasing backward pass in the arena, then every parameter's gradient added
+    /// into `grads`.
+    fn add_into(
+        &'s self,
+        tape: &mut State<'s, T>,
+        loss: Var<'s, T>,
+        grads: &mut GradBuffer<T>,
+        location: Loc,
+    ) -> Result<()> {
+        let (arena, par, flags) = (self.core.arena, self.core.par, (self.core.anomaly, true));
+        backward::run_with(tape, arena, par, (loss.id, Seed::One), location, flags, |_, _| {}, |_, _| {})?;
+        tape.consumed = true;
+        for (node, g) in tape.nodes.iter().zip(tape.grads.values()) {
+            if let (Op::Param(at), Some(g)) = (node.op, g) {
+                crate::kernels::add_assign(grads.slot_mut(param_of(tape, at).0), g);
+            }
+        }
+        Ok(())
     }
 
     /// The checks every backward pass runs first, so that a failed one leaves the tape
@@ -368,6 +438,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         let mut tape = self.core.tape.borrow_mut();
         tape.draws += 1;
         [tape.step, tape.draws - 1]
+    }
+
+    /// The node recorded `index`-th in this scope, as a handle: the way back from
+    /// [`Var::index`] for a binding that holds nodes between calls (see
+    /// [`Session`](crate::Session)). `None` if the tape has no such node.
+    pub fn var_at(&'s self, index: usize) -> Option<Var<'s, T>> {
+        let id = u32::try_from(index).ok().and_then(|raw| self.core.tape.borrow().id_at(raw))?;
+        Some(Var { core: &self.core, id })
     }
 
     /// The scope's first error, if an op failed.
@@ -425,4 +503,11 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         let scratch = tape.nest.map_or_else(ArenaStats::default, |n| n.scratch::<T>().arena.borrow().stats());
         GraphStats { nodes: tape.nodes.len(), tape_bytes: tape.bytes(), arena: self.core.arena.stats(), scratch }
     }
+}
+
+/// A parameter node's store index and store identity, from its payload `[index, store
+/// identity low, high]` (see `Scope::param_node`).
+fn param_of<T>(tape: &State<'_, T>, at: u32) -> (usize, u64) {
+    let e = &tape.extra[at as usize..at as usize + 3];
+    (e[0] as usize, u64::from(e[1]) | (u64::from(e[2]) << 32))
 }

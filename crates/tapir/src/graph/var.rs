@@ -26,6 +26,13 @@ impl<'s, T: Float> Var<'s, T> {
         self.id
     }
 
+    /// The node's position on the tape, for a binding that holds nodes between calls
+    /// (see [`Session`](crate::Session)); [`Scope::var_at`](crate::Scope::var_at) turns it
+    /// back into a handle. A poisoned handle's is `u32::MAX`.
+    pub fn index(self) -> usize {
+        self.id.index()
+    }
+
     /// Reads this handle's node for the caller, who may keep its value (see `settle`).
     #[track_caller]
     fn with_node<R>(self, f: impl FnOnce(&NodeView<'s, T>) -> R) -> Result<R> {

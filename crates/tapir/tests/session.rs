@@ -1,0 +1,100 @@
+//! `Session`: a scope opened and closed by calls, with nodes held by index between them,
+//! as the Python binding holds them. Gradients are checked against closed forms.
+
+use tapir::{Error, Graph, ParamStore, Session, Tensor};
+
+#[test]
+fn a_scope_across_calls_differentiates_like_a_closure() {
+    // y = sum(w ⊙ x)², dy/dw = 2·(w·x)·x, dy/dx = 2·(w·x)·w.
+    let (w, x) = ([1.0, -2.0, 0.5], [3.0, 1.0, 4.0]);
+    let dot: f64 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
+    let mut session = Session::new(Graph::<f64>::new());
+    for _ in 0..3 {
+        assert!(session.open());
+        let wi = session.with(|s| s.variable(&w, &[3]).index()).unwrap();
+        let xi = session.with(|s| s.variable(&x, &[3]).index()).unwrap();
+        let yi = session.with(|s| (s.var_at(wi).unwrap() * s.var_at(xi).unwrap()).sum().square().index()).unwrap();
+        let (dw, dx) = session
+            .with(|s| {
+                s.backward(s.var_at(yi).unwrap()).unwrap();
+                let grad = |i| s.var_at(i).unwrap().grad().unwrap().to_vec();
+                (grad(wi), grad(xi))
+            })
+            .unwrap();
+        for k in 0..3 {
+            assert_eq!(dw[k], 2.0 * dot * x[k]);
+            assert_eq!(dx[k], 2.0 * dot * w[k]);
+        }
+        assert!(session.close());
+    }
+    assert_eq!(session.scopes_opened(), 3);
+}
+
+#[test]
+fn open_close_and_indices_are_checked() {
+    let mut session = Session::new(Graph::<f32>::new());
+    assert!(session.with(|_| ()).is_none(), "no scope is open yet");
+    assert!(!session.close());
+    assert!(session.open());
+    assert!(!session.open(), "a scope is open already");
+    assert!(session.graph().is_none() && session.graph_mut().is_none(), "the open scope holds the graph");
+    let i = session.with(|s| s.tensor(&[1.0, 2.0], &[2]).index()).unwrap();
+    assert!(session.with(|s| s.var_at(i).is_some() && s.var_at(i + 1).is_none()).unwrap());
+    assert!(session.with(|s| s.var_at(usize::MAX).is_none()).unwrap());
+    // A poisoned handle's index is not a node of the tape.
+    let bad = session.with(|s| s.var_at(i).unwrap().reshape(&[3]).index()).unwrap();
+    assert!(session.with(|s| s.var_at(bad).is_none()).unwrap());
+    let e = session.with(|s| s.check()).unwrap().unwrap_err();
+    assert!(matches!(e, Error::InvalidShape { op: "reshape", .. }), "{e}");
+    assert!(session.close());
+    assert_eq!(session.graph().unwrap().stats().nodes, 1, "the closed scope's statistics");
+    session.graph_mut().unwrap().set_threads(1);
+}
+
+#[test]
+fn copied_parameters_route_gradients_like_borrowed_ones() {
+    let mut store = ParamStore::<f64>::new();
+    let w = store.add("w", Tensor::from_vec(vec![1.0, 2.0, -3.0], &[3]).unwrap()).unwrap();
+    let mut by_session = store.zeros_like().unwrap();
+    let mut by_scope = store.zeros_like().unwrap();
+    let mut session = Session::new(Graph::<f64>::new());
+    for _ in 0..2 {
+        session.open();
+        session
+            .with(|s| {
+                let wv = s.param_copied(&store, w);
+                s.backward_add((wv.square() * 0.5).sum(), &mut by_session)
+            })
+            .unwrap()
+            .unwrap();
+        session.close();
+        Graph::<f64>::new()
+            .scope(|s| s.backward_into((s.param(&store, w).square() * 0.5).sum(), &mut by_scope))
+            .unwrap();
+    }
+    // d/dw Σ w²/2 = w, accumulated over two steps.
+    assert_eq!(by_session.get(w).unwrap().data(), [2.0, 4.0, -6.0]);
+    assert_eq!(by_scope.get(w).unwrap().data(), by_session.get(w).unwrap().data());
+}
+
+#[test]
+fn backward_add_checks_the_buffer_and_keeps_it_on_error() {
+    let (mut ours, mut theirs) = (ParamStore::<f32>::new(), ParamStore::<f32>::new());
+    let w = ours.add("w", Tensor::ones(&[2]).unwrap()).unwrap();
+    let v = theirs.add("v", Tensor::ones(&[2]).unwrap()).unwrap();
+    let mut wrong = theirs.zeros_like().unwrap();
+    let mut session = Session::new(Graph::<f32>::new());
+    session.open();
+    let e = session.with(|s| s.backward_add(s.param_copied(&ours, w).sum(), &mut wrong)).unwrap().unwrap_err();
+    assert!(matches!(e, Error::WrongStore { op: "backward_add", .. }), "{e}");
+    assert!(e.to_string().contains("session.rs"), "located at the caller: {e}");
+    assert_eq!(wrong.get(v).unwrap().data(), [0.0, 0.0], "unchanged");
+}
+
+#[test]
+fn dropping_an_open_session_ends_its_scope() {
+    let mut session = Session::new(Graph::<f32>::new());
+    session.open();
+    session.with(|s| s.variable(&[1.0; 1024], &[1024]).tanh().sum().index());
+    drop(session); // closes, then frees the graph: nothing leaks (see `just asan`)
+}

@@ -307,7 +307,61 @@ fn list(shapes: &[Shape]) -> String {
     parts.join(", ")
 }
 
+/// What kind of mistake an [`Error`] reports, for bindings that map errors to their own
+/// exception types (the Python package maps each to a `tapir.TapirError` subclass). Every
+/// `Error` variant belongs to exactly one class; see [`Error::class`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// Shapes that do not fit the op, an axis out of range, data of the wrong length.
+    Shape,
+    /// An index out of range.
+    Index,
+    /// A backward pass that cannot run: no gradient path, a non-scalar loss, a consumed tape.
+    Gradient,
+    /// A derivative the engine does not have (a custom op without a recorded gradient).
+    Unsupported,
+    /// The arena's byte limit.
+    ArenaLimit,
+    /// An allocation that failed or could not be sized, or a full tape.
+    Memory,
+    /// A parameter of another store or an unknown one.
+    Param,
+    /// A NaN or an infinity found by anomaly detection.
+    NonFinite,
+    /// An argument out of its range.
+    Argument,
+    /// User code (a custom op, a checkpointed block, a generator) failed or panicked.
+    Callback,
+    /// Reading or writing a file or a byte buffer.
+    Io,
+}
+
 impl Error {
+    /// The class of this error (an exhaustive match: a new variant must choose one).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::ShapeMismatch { .. }
+            | Error::Broadcast { .. }
+            | Error::MatMulShape { .. }
+            | Error::BadAxis { .. }
+            | Error::InvalidShape { .. }
+            | Error::ShapeList { .. }
+            | Error::DataLength { .. } => ErrorClass::Shape,
+            Error::IndexOutOfRange { .. } => ErrorClass::Index,
+            Error::NotScalar { .. } | Error::NoGradient { .. } | Error::SeedLength { .. } | Error::BackwardTwice { .. } => {
+                ErrorClass::Gradient
+            }
+            Error::SecondOrderUnsupported { .. } => ErrorClass::Unsupported,
+            Error::ArenaLimit { .. } => ErrorClass::ArenaLimit,
+            Error::OutOfMemory { .. } | Error::TensorOutOfMemory { .. } | Error::TapeFull { .. } => ErrorClass::Memory,
+            Error::WrongStore { .. } | Error::UnknownParam { .. } => ErrorClass::Param,
+            Error::NonFinite { .. } => ErrorClass::NonFinite,
+            Error::InvalidArgument { .. } => ErrorClass::Argument,
+            Error::CustomOp { .. } | Error::Callback { .. } => ErrorClass::Callback,
+            Error::Io { .. } => ErrorClass::Io,
+        }
+    }
+
     /// The op named by this error (`"load"` and `"save"` for I/O).
     pub fn op(&self) -> &'static str {
         match self {

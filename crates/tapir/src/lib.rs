@@ -58,7 +58,7 @@ mod graph;
 pub mod testing;
 
 pub use dtype::Float;
-pub use error::{Error, Loc, Result};
+pub use error::{Error, ErrorClass, Loc, Result};
 pub use graph::graph::{Graph, GraphStats};
 pub use graph::report::{MemoryReport, OpMemory};
 pub use graph::session::Session;

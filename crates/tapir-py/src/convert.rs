@@ -1,0 +1,103 @@
+//! NumPy arrays in and out. In: one copy, never a view (a later write to the array cannot
+//! change a value the tape reads); out: a new array NumPy owns, never a view of the arena
+//! (which the next scope reuses).
+
+use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use crate::errors;
+use crate::registry::DType;
+
+/// The dtype names NumPy reports, for messages.
+fn dtype_name(arr: &Bound<'_, PyUntypedArray>) -> String {
+    arr.dtype().to_string()
+}
+
+/// `obj` (an ndarray, a nested list, a Python number) as an array of `want`'s dtype:
+/// arrays must have exactly that dtype (f32 and f64 do not mix: a `DTypeError` says how
+/// to convert); lists and numbers are weak (NEP 50) and take it.
+fn as_array<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    want: DType,
+    what: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let np = py.import("numpy")?;
+    let arr = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        Err(_) => {
+            if obj.is_instance_of::<pyo3::types::PyBool>() {
+                return Err(errors::dtype(py, format!("{what}: a bool is not a float value")));
+            }
+            let a = np.call_method1("asarray", (obj,))?;
+            let a = a.cast_into::<PyUntypedArray>().map_err(PyErr::from)?;
+            let kind: String = a.dtype().getattr("kind")?.extract()?;
+            if kind == "f" || kind == "i" || kind == "u" {
+                np.call_method1("asarray", (obj, want.name()))?.cast_into::<PyUntypedArray>().map_err(PyErr::from)?
+            } else {
+                return Err(errors::dtype(py, format!("{what}: {} values are not floats", dtype_name(&a))));
+            }
+        }
+    };
+    let name = dtype_name(&arr);
+    if name != want.name() {
+        let hint = match name.as_str() {
+            "float32" | "float64" => format!("; convert with .astype(numpy.{})", want.name()),
+            _ => String::new(),
+        };
+        return Err(errors::dtype(
+            py,
+            format!("{what}: a {name} array given to a {} graph (one dtype per graph){hint}", want.name()),
+        ));
+    }
+    Ok(arr)
+}
+
+/// Calls `f` with `obj`'s elements in row-major order and its dimensions, copying only if
+/// the array is not C-contiguous (Fortran order, negative or other strides).
+pub(crate) fn with_data<T: Element + Copy, R>(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    want: DType,
+    what: &str,
+    f: impl FnOnce(&[T], &[usize]) -> PyResult<R>,
+) -> PyResult<R> {
+    let arr = as_array(py, obj, want, what)?;
+    let dims: Vec<usize> = arr.shape().to_vec();
+    let arr: PyReadonlyArrayDyn<'_, T> = arr.extract()?;
+    match arr.as_slice() {
+        Ok(data) => f(data, &dims),
+        Err(_) => {
+            let data: Vec<T> = arr.as_array().iter().copied().collect();
+            f(&data, &dims)
+        }
+    }
+}
+
+/// A new NumPy array (owned by NumPy) holding `data` with dimensions `dims`.
+pub(crate) fn to_numpy<'py, T: Element + Copy>(
+    py: Python<'py>,
+    data: &[T],
+    dims: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    PyArray1::from_slice(py, data).reshape(dims)
+}
+
+/// Integer labels or indices from an int32/int64 array, a list or a number; a negative
+/// value or a float array is an error naming `what`.
+pub(crate) fn indices(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
+    let np = py.import("numpy")?;
+    let arr = np.call_method1("asarray", (obj,))?.cast_into::<PyUntypedArray>().map_err(PyErr::from)?;
+    let kind: String = arr.dtype().getattr("kind")?.extract()?;
+    if kind != "i" && kind != "u" {
+        return Err(errors::dtype(py, format!("{what}: indices must be integers, not {}", dtype_name(&arr))));
+    }
+    let arr = np.call_method1("asarray", (arr, "int64"))?;
+    let arr: PyReadonlyArrayDyn<'_, i64> = arr.extract()?;
+    arr.as_array()
+        .iter()
+        .map(|&i| {
+            usize::try_from(i).map_err(|_| errors::raise(py, "TapirIndexError", format!("{what}: negative index {i}")))
+        })
+        .collect()
+}

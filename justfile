@@ -8,6 +8,10 @@ demo ITERS="0":
 test:
     cargo test --workspace
 
+# The Python package: a venv in crates/tapir-py/.venv, the extension built by maturin, pytest.
+test-py *ARGS:
+    crates/tapir-py/test.sh {{ARGS}}
+
 # tapir-dist under mpirun with 1, 2 and 4 ranks (installs OpenMPI from Debian's packages if missing).
 test-mpi *RANKS:
     .ci/install-mpi
@@ -24,9 +28,12 @@ accuracy:
     TAPIR_ULP_STRIDE=1 cargo test --release -p tapir --lib kernels::accuracy -- --nocapture --test-threads 1
 
 # Format, clippy and docs, with warnings as errors.
+# The Python package (its own workspace, crates/tapir-py) explicitly: its clippy needs python3.
 lint:
     cargo fmt --all --check
+    cargo fmt --manifest-path crates/tapir-py/Cargo.toml --check
     cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --manifest-path crates/tapir-py/Cargo.toml --all-targets -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 # Criterion benchmarks (under 10 minutes on 2 cores).

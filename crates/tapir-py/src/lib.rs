@@ -7,6 +7,7 @@
 mod convert;
 mod errors;
 mod graph;
+mod ops;
 mod params;
 mod registry;
 mod var;

@@ -224,7 +224,6 @@ impl PyScope {
                 ));
             }
             e.opened_at = at;
-            e.failed = None;
             Ok(e.scope_number())
         })
         .map_err(|m| missing(py, m))??;
@@ -252,6 +251,7 @@ impl PyScope {
                     registry::Sess::F64(s) => s.close(),
                 };
                 e.ended_at = at;
+                e.ended = number;
                 for b in e.borrows.get_mut().drain(..) {
                     b.store(false, Ordering::Release);
                 }

@@ -45,8 +45,8 @@ pub(crate) struct Entry {
     /// `file:line`, for the messages of `ScopeError`.
     pub opened_at: String,
     pub ended_at: String,
-    /// The scope's error, already raised once at the op that failed; later ops name it.
-    pub failed: Option<String>,
+    /// The number of the scope that ended at `ended_at`.
+    pub ended: u64,
     /// The flags of the parameter stores the open scope borrows, cleared when it ends.
     pub borrows: RefCell<Vec<Arc<AtomicBool>>>,
 }
@@ -109,7 +109,7 @@ pub(crate) fn insert(dtype: DType, threads: Option<usize>) -> (u32, u64) {
         sess,
         opened_at: String::new(),
         ended_at: String::new(),
-        failed: None,
+        ended: 0,
         borrows: RefCell::default(),
     };
     GRAPHS.with(|g| {

@@ -62,10 +62,10 @@ impl PyVar {
         if e.scope_number() == self.scope && e.is_open() {
             return Ok(());
         }
-        let ended = if e.scope_number() == self.scope {
-            format!("at {}", e.ended_at)
+        let ended = if e.ended == self.scope {
+            format!("at {} (scope {} of its graph)", e.ended_at, self.scope)
         } else {
-            format!("(scope {}; the graph is on scope {})", self.scope, e.scope_number())
+            format!("(scope {} of its graph; the graph is on scope {})", self.scope, e.scope_number())
         };
         Err(errors::scope(py, format!("{} used after its scope ended {ended}", self.name())))
     }

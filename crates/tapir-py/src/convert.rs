@@ -65,10 +65,18 @@ pub(crate) fn with_data<T: Element + Copy, R>(
     let arr = as_array(py, obj, want, what)?;
     let dims: Vec<usize> = arr.shape().to_vec();
     let arr: PyReadonlyArrayDyn<'_, T> = arr.extract()?;
-    match arr.as_slice() {
-        Ok(data) => f(data, &dims),
-        Err(_) => {
-            let data: Vec<T> = arr.as_array().iter().copied().collect();
+    // `as_slice` also accepts Fortran order, whose memory order is not row-major.
+    match arr.as_slice().ok().filter(|_| arr.is_c_contiguous()) {
+        Some(data) => f(data, &dims),
+        None => {
+            // A broadcast view can stand for far more elements than it holds in memory.
+            let n = arr.len();
+            let mut data: Vec<T> = Vec::new();
+            if n.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) || data.try_reserve_exact(n).is_err() {
+                let msg = format!("{what}: out of memory copying an array of shape {dims:?} ({n} elements)");
+                return Err(errors::raise(py, "TapirMemoryError", msg));
+            }
+            data.extend(arr.as_array().iter().copied());
             f(&data, &dims)
         }
     }

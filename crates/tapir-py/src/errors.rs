@@ -16,9 +16,9 @@ pub(crate) fn raise(py: Python<'_>, name: &str, msg: String) -> PyErr {
     }
 }
 
-/// `ScopeError` (a `RuntimeError`) with `msg`.
+/// `ScopeError` (a `RuntimeError`) with `msg` and the caller's `file:line`.
 pub(crate) fn scope(py: Python<'_>, msg: String) -> PyErr {
-    raise(py, "ScopeError", msg)
+    raise(py, "ScopeError", format!("{msg} (at {})", caller(py)))
 }
 
 /// `DTypeError` (a `TypeError`) with `msg`.

@@ -210,8 +210,8 @@ impl PyVar {
 
     /// The dimensions, as a tuple (available after the scope ends too).
     #[getter]
-    fn shape(&self) -> Vec<usize> {
-        self.meta.shape.to_vec()
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        pyo3::types::PyTuple::new(py, self.meta.shape.to_vec())
     }
     /// Number of dimensions.
     #[getter]
@@ -268,8 +268,20 @@ impl PyVar {
                 .unwrap_or_else(|| Err(errors::scope(py, "no scope is open".into())))
         })
     }
+    /// A one-element handle as a float; more elements: `TypeError`, as NumPy.
     fn __float__(&self, py: Python<'_>) -> PyResult<f64> {
+        if self.meta.shape.numel() != 1 {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "only one-element values convert to float, not {}",
+                self.name()
+            )));
+        }
         self.item(py)
+    }
+    /// `None`: NumPy's operators defer to `Var`'s reflected ones (`array + var` is a `Var`).
+    #[classattr]
+    fn __array_ufunc__(py: Python<'_>) -> Py<PyAny> {
+        py.None()
     }
     /// Truth of a one-element handle; more elements: `ValueError`, as NumPy.
     fn __bool__(&self, py: Python<'_>) -> PyResult<bool> {

@@ -2,6 +2,7 @@
 //! (`cargo test -p tapir-testing --test suite hardening::` runs one).
 
 mod corpus_manifest;
+mod func_sizes;
 mod fuzz_replay;
 mod hardening;
 mod layout;

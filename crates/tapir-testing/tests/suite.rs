@@ -7,4 +7,5 @@ mod fuzz_replay;
 mod hardening;
 mod layout;
 mod programs;
+mod second_order;
 mod structure;

@@ -34,8 +34,8 @@
 //!
 //! Code ranges in format 1: `0x00–0x0f` binary ops, `0x10–0x17` comparisons, `0x18–0x2f`
 //! scalar-operand ops, `0x30–0x4f` shape, selection, loss and gradient-control ops,
-//! `0x50–0x57` reductions, `0x58–0x5f` window ops, `0x60–0x7f` adversarial step kinds
-//! and attention (`0x62`, `0x63`),
+//! `0x50–0x57` reductions, `0x58–0x5f` window ops, `0x60–0x7f` adversarial step kinds,
+//! attention (`0x62`, `0x63`) and the misbehaving custom op (`0x65`),
 //! `0x80–0xbf` unary ops, `0xc0–0xff` free.
 //!
 //! The fuzzer reaches format 1 by itself (libFuzzer sees the comparison with the magic,
@@ -114,6 +114,9 @@ pub enum Code {
     LayerNorm,
     AttentionWeights,
     Attend,
+    /// The custom op of `program/custom.rs`, misbehaving in its backward as the next two
+    /// bytes say (well-behaved in smooth programs).
+    Custom,
 }
 
 impl Code {
@@ -143,6 +146,7 @@ impl Code {
             | Code::LayerNorm
             | Code::AttentionWeights
             | Code::Attend
+            | Code::Custom
             | Code::Var
             | Code::LogSumExp
             | Code::Softmax
@@ -412,6 +416,8 @@ pub const FORMAT1_CODES: &[(u8, Code)] = &[
     // occur as `Nop` in regression seeds, which would then decode to other programs.
     (0x62, Code::AttentionWeights),
     (0x63, Code::Attend),
+    // Not 0x64, which `regression-empty-sum-axes-order` holds as a `Nop`.
+    (0x65, Code::Custom),
 ];
 
 const fn format1() -> [Code; 256] {

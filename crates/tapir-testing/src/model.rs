@@ -448,6 +448,8 @@ pub(crate) fn outcome(step: &Step, shapes: &[Vec<usize>]) -> Outcome {
             checked(op.name(), dims)
         }
         Step::Nop { .. } => Outcome::Ok(shapes[shapes.len() - 1].clone()),
+        // Any operands: the others are summed (`program/custom.rs`).
+        Step::Custom { xs, .. } => same(xs[0]),
         Step::Conv2d { x, w, stride, padding } => {
             let (x, w) = (s(*x), s(*w));
             if x.len() != 4 || w.len() != 4 || x[1] != w[1] {

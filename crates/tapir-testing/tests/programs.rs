@@ -57,6 +57,59 @@ proptest! {
     }
 }
 
+/// Format-1 programs in which every fifth byte is the custom op's code (`0x65`), so that
+/// most of them record it, with its backward misbehaving as the generator chose
+/// (`tapir_testing::program::Misbehave`: an error, a panic, a slot handed back shorter,
+/// dropped, swapped, moved or split). `run_program` then checks that backward returns
+/// `Ok` with the well-behaved op's gradients bit for bit, or `Error::CustomOp` naming the
+/// op in phase `backward`; that nothing panics; and that `backward_into` leaves the
+/// caller's buffer unchanged on error.
+fn with_custom_ops(bytes: Vec<u8>) -> Vec<u8> {
+    let body = bytes.into_iter().enumerate().map(|(i, b)| if i % 5 == 4 { 0x65 } else { b });
+    FORMAT1_MAGIC.iter().copied().chain(body).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Issue 31, class 1: custom ops whose backward misbehaves fail with a typed error.
+    #[test]
+    fn misbehaving_custom_ops_fail_cleanly(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        if let Err(finding) = run_program(&with_custom_ops(bytes)) {
+            prop_assert!(false, "{}", finding);
+        }
+    }
+}
+
+/// The custom-op programs above record the op, misbehaving in every way, and some
+/// well-behaved ones are gradient-checked (the op's backward and its recorded derivative).
+#[test]
+fn custom_steps_are_drawn_in_every_mode() {
+    use tapir_testing::program::Step;
+    let (mut modes, mut checked, mut second, mut refused) = (std::collections::BTreeSet::new(), 0, 0, 0);
+    for seed in 0..400u64 {
+        let bytes = with_custom_ops(bytes_of(seed, 120));
+        let program = Program::from_bytes(&bytes);
+        for step in &program.steps {
+            if let Step::Custom { mode, .. } = step {
+                // The variant's name, without its indices.
+                modes.insert(format!("{mode:?}").chars().take_while(|c| c.is_alphabetic()).collect::<String>());
+            }
+        }
+        let report = run_program(&bytes).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
+        let backward = program.execute().unwrap_or_else(|f| panic!("seed {seed}: {f}")).backward;
+        refused += usize::from(matches!(backward, Err(tapir::Error::CustomOp { phase: "backward", .. })));
+        if program.has_custom() {
+            checked += usize::from(report.gradchecked);
+            second += usize::from(report.gradgradchecked);
+        }
+    }
+    eprintln!("modes {modes:?}; {refused} backward errors; with a custom step, {checked} gradchecked, {second} to second order");
+    assert_eq!(modes.len(), 8, "{modes:?}");
+    assert!(refused >= 50, "only {refused} of 400 programs had backward refuse a misbehaving op");
+    assert!(checked >= 20 && second >= 10, "{checked} gradchecked, {second} to second order");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

@@ -2,8 +2,10 @@
 //! (`cargo test -p tapir-testing --test suite hardening::` runs one).
 
 mod corpus_manifest;
+mod func_sizes;
 mod fuzz_replay;
 mod hardening;
 mod layout;
 mod programs;
+mod second_order;
 mod structure;

@@ -1,10 +1,11 @@
 //! Step kinds that aim at the edges of the shape rules (issue "Hardening"): tensors with a
 //! zero dimension next to huge ones, where an element count computed without the zero
-//! overflows, and reductions over an axis list that names one axis twice.
+//! overflows, reductions over an axis list that names one axis twice, and a custom op
+//! whose backward misbehaves (issue 31).
 
 use super::Gen;
 use crate::codes;
-use crate::program::{Step, WindowOp};
+use crate::program::{Misbehave, Step, WindowOp, MAX_CUSTOM_INPUTS};
 
 /// Dimensions to put next to a zero: their product overflows `u32`, `usize` or the
 /// addressable element count as soon as the zero is dropped.
@@ -74,6 +75,21 @@ impl Gen<'_> {
         } else {
             Step::Reduce { op: self.reduce_op(), x, axes: Some(axes), keepdim }
         }
+    }
+
+    /// The custom op on one to three operands of any shapes (one may repeat), its backward
+    /// misbehaving as two bytes say (see [`Misbehave::decode`]); well-behaved in smooth
+    /// programs, where it is gradient-checked.
+    pub(super) fn custom(&mut self) -> Step {
+        let n = self.u.range(1, MAX_CUSTOM_INPUTS);
+        let xs: Vec<usize> = (0..n).map(|_| self.pick()).collect();
+        let mode = if self.smooth {
+            Misbehave::Not
+        } else {
+            let (kind, index) = (self.u.byte(), self.u.byte());
+            Misbehave::decode(kind, index, n)
+        };
+        Step::Custom { xs, mode }
     }
 
     fn reduce_op(&mut self) -> crate::program::ReduceOp {

@@ -306,6 +306,7 @@ impl Gen<'_> {
             Code::Window(op) => self.window(op),
             Code::ZeroHuge => self.zero_huge(),
             Code::RepeatedAxes => self.repeated_axes(),
+            Code::Custom => self.custom(),
         };
         self.nops += usize::from(matches!(step, Step::Nop { .. }));
         self.push(step);

@@ -2,7 +2,7 @@
 //! backward. Every call the engine sees comes from this file, so the errors the engine
 //! records must be located here ([`FILE`]).
 
-use tapir::{Error, Float, Scope, Var};
+use tapir::{Error, Float, GradBuffer, Scope, Var};
 
 use crate::program::{BinOp, CmpOp, Ending, ReduceOp, ScalarOp, Step, WindowOp};
 
@@ -17,6 +17,15 @@ pub(crate) fn sum<T: Float>(loss: Var<'_, T>) -> Var<'_, T> {
 /// A later `backward` call.
 pub(crate) fn backward<'s, T: Float>(s: &'s Scope<'s, '_, T>, loss: Var<'s, T>) -> Result<(), Error> {
     s.backward(loss)
+}
+
+/// `backward_into` a caller's buffer.
+pub(crate) fn backward_into<'s, T: Float>(
+    s: &'s Scope<'s, '_, T>,
+    loss: Var<'s, T>,
+    grads: &'s mut GradBuffer<T>,
+) -> Result<(), Error> {
+    s.backward_into(loss, grads)
 }
 
 /// The first backward call of an ending: `backward_retain` for `RetainThenOnce`.
@@ -129,6 +138,7 @@ pub(crate) fn step_on<'s, 'g: 's, T: Float>(s: &'s Scope<'s, 'g, T>, values: &[V
             WindowOp::MaxPool2d => v(*x).max_pool2d(*kernel, *stride, *padding),
             WindowOp::AvgPool2d => v(*x).avg_pool2d(*kernel, *stride, *padding),
         },
+        Step::Custom { xs, mode } => s.custom(mode.op(), &xs.iter().map(|&i| v(i)).collect::<Vec<_>>()),
         Step::Nop { .. } => values[values.len() - 1],
     }
 }

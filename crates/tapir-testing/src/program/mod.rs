@@ -22,16 +22,25 @@
 //! - gradients have their leaves' sizes, and inputs get none;
 //! - a second run of the same program, with the same thread count, is bitwise identical;
 //! - for programs in `f64` made only of smooth ops on finite inputs, the gradients match
-//!   central finite differences ([`tapir::testing::gradcheck`]).
+//!   central finite differences ([`tapir::testing::gradcheck`]), and for small ones whose
+//!   values are moderate the recorded second derivatives too;
+//! - a custom op whose backward misbehaves ([`Misbehave`], format-1 code `0x65`) makes
+//!   backward return [`tapir::Error::CustomOp`] naming it in phase `backward`, or `Ok` with
+//!   the well-behaved op's values and gradients bit for bit, and `backward_into` leaves the
+//!   caller's buffer unchanged on any error.
 //!
-//! The module holds three ideas in three files: the step data model (`step.rs`), the
-//! checker (`check.rs`) and the interpreter that records steps (`interpret.rs`).
+//! The module holds its ideas one to a file: the step data model (`step.rs`), the
+//! checker (`check.rs`), the interpreter that records steps (`interpret.rs`), the custom
+//! op (`custom.rs`) and the `backward_into` check (`buffer.rs`).
 
+mod buffer;
 mod check;
+mod custom;
 mod interpret;
 mod step;
 
 pub use check::{run_program, Finding, Report, Trace};
+pub use custom::{Misbehave, MAX_INPUTS as MAX_CUSTOM_INPUTS, NAME as CUSTOM_NAME};
 pub use step::{BinOp, CmpOp, Dtype, Ending, Leaf, Program, ReduceOp, ScalarOp, Step, UnaryOp, WindowOp};
 
 /// Most steps a program may have, so that one fuzz input stays fast.

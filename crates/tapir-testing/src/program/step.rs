@@ -4,6 +4,7 @@
 
 use tapir::{Float, Var};
 
+use crate::program::custom::Misbehave;
 use crate::program::SAFETY_LIMIT;
 
 /// Declares [`UnaryOp`] from one line per op: its format-1 code, whether it is smooth,
@@ -435,6 +436,12 @@ pub enum Step {
         stride: [usize; 2],
         padding: [usize; 2],
     },
+    /// The custom op of `custom.rs` on `xs` (one to three operands, the first one's shape
+    /// the output's), whose backward misbehaves as `mode` says.
+    Custom {
+        xs: Vec<usize>,
+        mode: Misbehave,
+    },
     /// A format-1 code that names no op (yet), or one that a smooth program may not use:
     /// records nothing, and its value is the previous value. See [`crate::codes`].
     Nop {
@@ -504,6 +511,7 @@ impl Step {
             | Step::Conv2d { .. }
             | Step::Nop { .. } => true,
             Step::Window { op, .. } => *op != WindowOp::MaxPool2d,
+            Step::Custom { mode, .. } => *mode == Misbehave::Not,
             Step::Compare { .. }
             | Step::Clamp { .. }
             | Step::Where { .. }
@@ -551,5 +559,27 @@ impl Program {
     /// The arena limit a run uses: the program's, or [`SAFETY_LIMIT`].
     pub fn limit(&self) -> usize {
         self.arena_limit.unwrap_or(SAFETY_LIMIT)
+    }
+
+    /// Whether a step records the custom op.
+    pub fn has_custom(&self) -> bool {
+        self.steps.iter().any(|s| matches!(s, Step::Custom { .. }))
+    }
+
+    /// Whether a custom step's backward misbehaves.
+    pub fn misbehaves(&self) -> bool {
+        self.steps.iter().any(|s| matches!(s, Step::Custom { mode, .. } if *mode != Misbehave::Not))
+    }
+
+    /// The same program with every custom op well-behaved: what a harmless misbehaviour
+    /// must give, bit for bit.
+    pub fn tamed(&self) -> Program {
+        let mut p = self.clone();
+        for step in &mut p.steps {
+            if let Step::Custom { mode, .. } = step {
+                *mode = Misbehave::Not;
+            }
+        }
+        p
     }
 }

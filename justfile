@@ -8,6 +8,14 @@ demo ITERS="0":
 test:
     cargo test --workspace
 
+# The Python binding's cost beside Rust and PyTorch eager: W3 per op, W2 per step, 1 and 2 threads
+# (needs `just compare-setup` for torch; builds the extension in release into that venv).
+compare-py:
+    cargo build --release -p benches --example w3_profile --example w2_time
+    benches/compare/.venv/bin/pip install -q maturin==1.16.0
+    cd crates/tapir-py && VIRTUAL_ENV=../../benches/compare/.venv ../../benches/compare/.venv/bin/maturin develop --release
+    for t in 1 2; do benches/compare/.venv/bin/python crates/tapir-py/bench/compare_py.py $t 5; done
+
 # The Python package: a venv in crates/tapir-py/.venv, the extension built by maturin, pytest.
 test-py *ARGS:
     crates/tapir-py/test.sh {{ARGS}}

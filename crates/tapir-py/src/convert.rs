@@ -72,7 +72,9 @@ pub(crate) fn with_data<T: Element + Copy, R>(
             // A broadcast view can stand for far more elements than it holds in memory.
             let n = arr.len();
             let mut data: Vec<T> = Vec::new();
-            if n.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) || data.try_reserve_exact(n).is_err() {
+            if n.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize)
+                || data.try_reserve_exact(n).is_err()
+            {
                 let msg = format!("{what}: out of memory copying an array of shape {dims:?} ({n} elements)");
                 return Err(errors::raise(py, "TapirMemoryError", msg));
             }

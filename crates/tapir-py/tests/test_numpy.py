@@ -135,6 +135,18 @@ def test_labels_and_indices_must_be_non_negative_integers():
     assert issubclass(tapir.TapirIndexError, IndexError)
 
 
+def test_an_empty_list_of_indices_is_a_list_of_ints():
+    # docs/python.md: labels and indices are int32/int64 arrays or lists. NumPy reads [] as
+    # float64, but an empty list holds no non-integer, so it selects nothing (np.take agrees).
+    g = tapir.Graph()
+    with g.scope() as s:
+        x = s.leaf(np.ones((2, 3), F32))
+        y = x.index_select(0, [])
+        assert tuple(y.shape) == np.take(np.ones((2, 3)), [], axis=0).shape == (0, 3)
+    with g.scope() as s:
+        assert np.isnan(s.leaf(np.ones((0, 3), F32)).cross_entropy([]).item())  # the mean of nothing
+
+
 @pytest.mark.parametrize(
     "bad",
     [np.ones(3, np.float16), np.ones(3, bool), np.array([1.0, None], object), np.ones(3, np.complex128),

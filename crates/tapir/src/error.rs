@@ -348,9 +348,10 @@ impl Error {
             | Error::ShapeList { .. }
             | Error::DataLength { .. } => ErrorClass::Shape,
             Error::IndexOutOfRange { .. } => ErrorClass::Index,
-            Error::NotScalar { .. } | Error::NoGradient { .. } | Error::SeedLength { .. } | Error::BackwardTwice { .. } => {
-                ErrorClass::Gradient
-            }
+            Error::NotScalar { .. }
+            | Error::NoGradient { .. }
+            | Error::SeedLength { .. }
+            | Error::BackwardTwice { .. } => ErrorClass::Gradient,
             Error::SecondOrderUnsupported { .. } => ErrorClass::Unsupported,
             Error::ArenaLimit { .. } => ErrorClass::ArenaLimit,
             Error::OutOfMemory { .. } | Error::TensorOutOfMemory { .. } | Error::TapeFull { .. } => ErrorClass::Memory,

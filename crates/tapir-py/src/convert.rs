@@ -99,7 +99,9 @@ pub(crate) fn indices(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyR
     let np = py.import("numpy")?;
     let arr = np.call_method1("asarray", (obj,))?.cast_into::<PyUntypedArray>().map_err(PyErr::from)?;
     let kind: String = arr.dtype().getattr("kind")?.extract()?;
-    if kind != "i" && kind != "u" {
+    // `np.asarray([])` is float64: an empty list is an empty list of indices.
+    let empty = arr.len() == 0 && arr.ndim() == 1;
+    if kind != "i" && kind != "u" && !empty {
         return Err(errors::dtype(py, format!("{what}: indices must be integers, not {}", dtype_name(&arr))));
     }
     let arr = np.call_method1("asarray", (arr, "int64"))?;
@@ -110,4 +112,17 @@ pub(crate) fn indices(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyR
             usize::try_from(i).map_err(|_| errors::raise(py, "TapirIndexError", format!("{what}: negative index {i}")))
         })
         .collect()
+}
+
+/// The graph dtype named by a string (`"float32"`, `"f64"`) or anything `numpy.dtype` accepts.
+pub(crate) fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let name: String = match dtype.extract::<String>() {
+        Ok(s) => s,
+        Err(_) => py.import("numpy")?.getattr("dtype")?.call1((dtype,))?.str()?.extract()?,
+    };
+    match name.as_str() {
+        "float32" | "f32" => Ok(DType::F32),
+        "float64" | "f64" => Ok(DType::F64),
+        other => Err(errors::dtype(py, format!("a graph holds float32 or float64 values, not {other}"))),
+    }
 }

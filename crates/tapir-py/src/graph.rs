@@ -25,18 +25,6 @@ pub struct PyGraph {
     dtype: DType,
 }
 
-pub(crate) fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
-    let name: String = match dtype.extract::<String>() {
-        Ok(s) => s,
-        Err(_) => py.import("numpy")?.getattr("dtype")?.call1((dtype,))?.str()?.extract()?,
-    };
-    match name.as_str() {
-        "float32" | "f32" => Ok(DType::F32),
-        "float64" | "f64" => Ok(DType::F64),
-        other => Err(errors::dtype(py, format!("a graph holds float32 or float64 values, not {other}"))),
-    }
-}
-
 fn missing(py: Python<'_>, m: Missing) -> PyErr {
     match m {
         Missing::Gone => errors::scope(py, "this graph belongs to another thread (or was dropped)".into()),
@@ -58,7 +46,7 @@ impl PyGraph {
         arena_limit: Option<usize>,
     ) -> PyResult<Self> {
         let dtype = match dtype {
-            Some(d) => parse_dtype(py, d)?,
+            Some(d) => convert::parse_dtype(py, d)?,
             None => DType::F32,
         };
         let (slot, serial) = registry::insert(dtype, threads);

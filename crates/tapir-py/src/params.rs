@@ -11,7 +11,6 @@ use tapir_nn::optim::{Adam, AdamW, Optimizer, Sgd};
 
 use crate::convert;
 use crate::errors;
-use crate::graph::parse_dtype;
 use crate::registry::DType;
 
 /// A store of either element type.
@@ -115,7 +114,7 @@ impl PyParamStore {
     #[new]
     #[pyo3(signature = (dtype=None))]
     fn new(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let store = match dtype.map(|d| parse_dtype(py, d)).transpose()?.unwrap_or(DType::F32) {
+        let store = match dtype.map(|d| convert::parse_dtype(py, d)).transpose()?.unwrap_or(DType::F32) {
             DType::F32 => Store::F32(ParamStore::new()),
             DType::F64 => Store::F64(ParamStore::new()),
         };

@@ -98,3 +98,57 @@ fn dropping_an_open_session_ends_its_scope() {
     session.with(|s| s.variable(&[1.0; 1024], &[1024]).tanh().sum().index());
     drop(session); // closes, then frees the graph: nothing leaks (see `just asan`)
 }
+
+#[test]
+fn no_grad_regions_across_calls_nest_and_end_with_the_scope() {
+    let mut session = Session::new(Graph::<f64>::new());
+    assert_eq!(session.enter_no_grad(), None, "no scope is open");
+    assert!(session.open());
+    assert_eq!(session.exit_no_grad(), None, "no region was entered");
+    let x = session.with(|s| s.variable(&[2.0], &[]).index()).unwrap();
+    let exp_requires_grad =
+        |session: &Session<f64>| session.with(|s| s.var_at(x).unwrap().exp().requires_grad()).unwrap();
+    assert_eq!(session.enter_no_grad(), Some(1));
+    assert_eq!(session.enter_no_grad(), Some(2));
+    assert!(!exp_requires_grad(&session));
+    // A leaf made inside a region still requests its gradient, as under `Scope::no_grad`.
+    assert!(session.with(|s| s.variable(&[1.0], &[]).requires_grad()).unwrap());
+    assert_eq!(session.exit_no_grad(), Some(1));
+    assert!(!exp_requires_grad(&session), "the outer region is still on");
+    assert_eq!(session.exit_no_grad(), Some(0));
+    assert!(exp_requires_grad(&session));
+    // A region left open ends with its scope; the next scope records gradients again.
+    assert_eq!(session.enter_no_grad(), Some(1));
+    assert!(session.close());
+    assert_eq!(session.exit_no_grad(), None, "closed");
+    assert!(session.open());
+    assert_eq!(session.exit_no_grad(), None, "the new scope has no region");
+    let y = session.with(|s| s.variable(&[3.0], &[]).index()).unwrap();
+    let dy = session.with(|s| {
+        let yv = s.var_at(y).unwrap();
+        s.backward(yv.square()).unwrap();
+        yv.grad().unwrap()[0]
+    });
+    assert_eq!(dy, Some(6.0)); // d/dy y² = 2y
+}
+
+#[test]
+fn exit_no_grad_never_ends_a_closure_region() {
+    // Inside `Scope::no_grad`'s closure, a session region entered there can be exited,
+    // but the closure's own region cannot: the depth never goes below the closure's.
+    let mut session = Session::new(Graph::<f32>::new());
+    session.open();
+    let x = session.with(|s| s.variable(&[1.0], &[]).index()).unwrap();
+    let frozen = session
+        .with(|s| {
+            s.no_grad(|| {
+                assert_eq!(session.exit_no_grad(), None, "the closure's region is not the session's");
+                assert_eq!(session.enter_no_grad(), Some(1));
+                assert_eq!(session.exit_no_grad(), Some(0));
+                s.var_at(x).unwrap().exp().requires_grad()
+            })
+        })
+        .unwrap();
+    assert!(!frozen);
+    assert!(session.with(|s| s.var_at(x).unwrap().exp().requires_grad()).unwrap(), "the closure's region ended");
+}

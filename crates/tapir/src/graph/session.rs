@@ -13,6 +13,7 @@
 //! scope is stored, and are valid until [`Session::close`]: this file holds the two
 //! `unsafe` blocks that say so, and nothing else in the crate knows.
 
+use std::cell::Cell;
 use std::ptr::NonNull;
 
 use crate::dtype::Float;
@@ -66,13 +67,17 @@ pub struct Session<T: Float = f32> {
     scope: Box<Option<Scope<'static, 'static, T>>>,
     /// Scopes opened so far.
     opened: u64,
+    /// `no_grad` regions of the open scope entered by [`Session::enter_no_grad`] and not
+    /// yet exited: the tape's depth counts these and [`Scope::no_grad`]'s own, and
+    /// `exit_no_grad` removes only these, so it cannot end a closure's region.
+    no_grad: Cell<u32>,
 }
 
 impl<T: Float> Session<T> {
     /// A session over `graph`, closed.
     pub fn new(graph: Graph<T>) -> Session<T> {
         let graph = NonNull::from(Box::leak(Box::new(graph)));
-        Session { graph, scope: Box::new(None), opened: 0 }
+        Session { graph, scope: Box::new(None), opened: 0, no_grad: Cell::new(0) }
     }
 
     /// Opens a scope, as [`Graph::scope`] does before calling its closure; `false` (and
@@ -91,6 +96,7 @@ impl<T: Float> Session<T> {
         let (arena, scratch, keep, settings) = graph.parts();
         *self.scope = Some(Graph::begin(arena, scratch, keep, settings));
         self.opened += 1;
+        self.no_grad.set(0);
         true
     }
 
@@ -113,12 +119,57 @@ impl<T: Float> Session<T> {
         Some(f(shorten(scope)))
     }
 
+    /// Turns gradient recording off in the open scope until the matching
+    /// [`exit_no_grad`](Session::exit_no_grad): [`Scope::no_grad`] for a region that is two
+    /// calls rather than a closure (Python's `with s.no_grad():`). Ops recorded meanwhile
+    /// compute values, but their results require no gradient; gradient-requesting leaves
+    /// still request one. Regions nest, and closing the scope ends them all.
+    ///
+    /// Returns the number of regions now entered this way, or `None` (and nothing
+    /// changes) if no scope is open, the count is at `u32::MAX`, or the tape is in use by
+    /// an op that is running (a callback of the engine calling back into the session).
+    ///
+    /// ```
+    /// let mut session = tapir::Session::new(tapir::Graph::<f64>::new());
+    /// assert_eq!(session.enter_no_grad(), None); // no scope is open
+    /// session.open();
+    /// let x = session.with(|s| s.variable(&[2.0], &[]).index()).unwrap();
+    /// assert_eq!(session.enter_no_grad(), Some(1));
+    /// let frozen = session.with(|s| s.var_at(x).unwrap().exp().requires_grad()).unwrap();
+    /// assert_eq!(session.exit_no_grad(), Some(0));
+    /// let live = session.with(|s| s.var_at(x).unwrap().exp().requires_grad()).unwrap();
+    /// assert_eq!((frozen, live), (false, true));
+    /// assert_eq!(session.exit_no_grad(), None); // no region is open
+    /// ```
+    pub fn enter_no_grad(&self) -> Option<u32> {
+        let scope = self.scope.as_ref().as_ref()?;
+        let mut tape = scope.core.tape.try_borrow_mut().ok()?;
+        let (depth, mine) = (tape.no_grad.checked_add(1)?, self.no_grad.get().checked_add(1)?);
+        tape.no_grad = depth;
+        self.no_grad.set(mine);
+        Some(mine)
+    }
+
+    /// Ends the innermost region entered by [`enter_no_grad`](Session::enter_no_grad).
+    /// Returns the number of such regions still entered, or `None` (and nothing changes)
+    /// if no scope is open, none of its regions was entered this way, or the tape is in
+    /// use by a running op.
+    pub fn exit_no_grad(&self) -> Option<u32> {
+        let scope = self.scope.as_ref().as_ref()?;
+        let mut tape = scope.core.tape.try_borrow_mut().ok()?;
+        let (depth, mine) = (tape.no_grad.checked_sub(1)?, self.no_grad.get().checked_sub(1)?);
+        tape.no_grad = depth;
+        self.no_grad.set(mine);
+        Some(mine)
+    }
+
     /// Closes the open scope, as the end of [`Graph::scope`]'s closure does; `false` if
     /// none was open. Every [`Var`] index of the scope is stale afterwards.
     pub fn close(&mut self) -> bool {
         let Some(scope) = self.scope.take() else {
             return false;
         };
+        self.no_grad.set(0);
         let Scope { core, blocks, .. } = scope;
         let (mut tape, mut blocks) = (core.tape.into_inner(), blocks.into_inner());
         // SAFETY: the scope has been taken apart: `tape` and `blocks` still hold
@@ -173,6 +224,10 @@ impl<T: Float> Drop for Session<T> {
 
 impl<T: Float> std::fmt::Debug for Session<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("open", &self.is_open()).field("opened", &self.opened).finish()
+        f.debug_struct("Session")
+            .field("open", &self.is_open())
+            .field("opened", &self.opened)
+            .field("no_grad", &self.no_grad.get())
+            .finish()
     }
 }

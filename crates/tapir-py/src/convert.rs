@@ -55,7 +55,7 @@ fn as_array<'py>(
 
 /// Calls `f` with `obj`'s elements in row-major order and its dimensions, copying only if
 /// the array is not C-contiguous (Fortran order, negative or other strides).
-pub(crate) fn with_data<T: Element + Copy, R>(
+pub(crate) fn with_array<T: Element + Copy, R>(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     want: DType,
@@ -114,8 +114,8 @@ pub(crate) fn indices(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyR
         .collect()
 }
 
-/// The graph dtype named by a string (`"float32"`, `"f64"`) or anything `numpy.dtype` accepts.
-pub(crate) fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+/// The dtype of `what` (a graph, a store, a tensor) named by a string (`"float32"`, `"f64"`) or anything `numpy.dtype` accepts.
+pub(crate) fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
     let name: String = match dtype.extract::<String>() {
         Ok(s) => s,
         Err(_) => py.import("numpy")?.getattr("dtype")?.call1((dtype,))?.str()?.extract()?,
@@ -123,6 +123,6 @@ pub(crate) fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<
     match name.as_str() {
         "float32" | "f32" => Ok(DType::F32),
         "float64" | "f64" => Ok(DType::F64),
-        other => Err(errors::dtype(py, format!("a graph holds float32 or float64 values, not {other}"))),
+        other => Err(errors::dtype(py, format!("{what}: holds float32 or float64 values, not {other}"))),
     }
 }

@@ -10,9 +10,11 @@ use tapir::{Float, Scope, Var};
 
 use crate::convert;
 use crate::errors;
+use crate::nograd::PyNoGrad;
 use crate::params::PyParamStore;
 use crate::params::{PyGradBuffer, Store};
 use crate::registry::{self, on_scope, DType, Entry, Missing};
+use crate::tensor;
 use crate::var::{finish, PyVar};
 
 /// Owns the arena and the tape's buffers; runs one scope at a time. Keep one for a whole
@@ -46,7 +48,7 @@ impl PyGraph {
         arena_limit: Option<usize>,
     ) -> PyResult<Self> {
         let dtype = match dtype {
-            Some(d) => convert::parse_dtype(py, d)?,
+            Some(d) => convert::parse_dtype(py, d, "Graph")?,
             None => DType::F32,
         };
         let (slot, serial) = registry::insert(dtype, threads);
@@ -57,10 +59,18 @@ impl PyGraph {
         Ok(g)
     }
 
-    /// A scope of this graph, to open with `with`.
+    /// A scope of this graph, to open with `with`. It keeps the graph alive, so that
+    /// `with tapir.Graph().scope() as s:` works.
     fn scope(slf: &Bound<'_, Self>) -> PyScope {
         let g = slf.get();
-        PyScope { slot: g.slot, serial: g.serial, thread: g.thread, dtype: g.dtype, number: AtomicU64::new(0) }
+        PyScope {
+            slot: g.slot,
+            serial: g.serial,
+            thread: g.thread,
+            dtype: g.dtype,
+            number: AtomicU64::new(0),
+            _graph: slf.clone().unbind(),
+        }
     }
 
     /// Caps the bytes a scope may take in the arena (`None`: no cap).
@@ -129,6 +139,9 @@ pub struct PyScope {
     dtype: DType,
     /// The scope's number once entered (0: not yet).
     number: AtomicU64,
+    /// The graph, held so that it is not dropped (and its session with it) while the
+    /// scope object lives.
+    _graph: Py<PyGraph>,
 }
 
 impl PyScope {
@@ -248,11 +261,18 @@ impl PyScope {
         .map_err(|m| missing(py, m))
     }
 
+    /// A context manager: `with s.no_grad():` records its block's ops without gradients
+    /// (their results require none; a leaf made inside still requests its own), as
+    /// `torch.no_grad()`. Regions nest; an exception leaving the block ends it too.
+    fn no_grad(&self, py: Python<'_>) -> PyResult<PyNoGrad> {
+        self.run(py, |e| Ok(PyNoGrad::new(self.slot, self.serial, self.thread, e.scope_number())))
+    }
+
     /// A gradient-requesting leaf: `array` copied into the arena once (a later write to
     /// the array changes nothing). After `backward`, its `.grad` holds `∂loss/∂leaf`.
     fn leaf(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<PyVar> {
         self.make(py, "leaf", |m| {
-            on_scope!(m.e, |s, T| convert::with_data::<T, _>(m.py, array, m.e.dtype(), "leaf", |d, dims| {
+            on_scope!(m.e, |s, T| tensor::with_data::<T, _>(m.py, array, m.e.dtype(), "leaf", |d, dims| {
                 finish(m.py, m.e, m.slot, s.variable(d, dims), m.op)
             }))
             .unwrap_or_else(|| Err(errors::scope(m.py, "no scope is open".into())))
@@ -262,7 +282,7 @@ impl PyScope {
     /// A constant: `array` copied into the arena once; no gradient.
     fn input(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<PyVar> {
         self.make(py, "input", |m| {
-            on_scope!(m.e, |s, T| convert::with_data::<T, _>(m.py, array, m.e.dtype(), "input", |d, dims| {
+            on_scope!(m.e, |s, T| tensor::with_data::<T, _>(m.py, array, m.e.dtype(), "input", |d, dims| {
                 finish(m.py, m.e, m.slot, s.tensor(d, dims), m.op)
             }))
             .unwrap_or_else(|| Err(errors::scope(m.py, "no scope is open".into())))

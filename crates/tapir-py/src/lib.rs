@@ -7,9 +7,11 @@
 mod convert;
 mod errors;
 mod graph;
+mod nograd;
 mod ops;
 mod params;
 mod registry;
+mod tensor;
 mod var;
 
 use pyo3::prelude::*;
@@ -27,6 +29,8 @@ fn _tapir(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<graph::PyGraph>()?;
     m.add_class::<graph::PyScope>()?;
     m.add_class::<var::PyVar>()?;
+    m.add_class::<nograd::PyNoGrad>()?;
+    m.add_class::<tensor::PyTensor>()?;
     m.add_class::<params::PyParamStore>()?;
     m.add_class::<params::PyGradBuffer>()?;
     m.add_class::<params::PyOptimizer>()?;

@@ -6,12 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 use tapir::{Float, GradBuffer, ParamId, ParamStore, Tensor};
 use tapir_nn::optim::{Adam, AdamW, Optimizer, Sgd};
 
 use crate::convert;
 use crate::errors;
 use crate::registry::DType;
+use crate::tensor;
 
 /// A store of either element type.
 pub(crate) enum Store {
@@ -80,7 +82,7 @@ fn add_to<T: Float + numpy::Element>(
     name: &str,
     value: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let t = convert::with_data::<T, _>(py, value, dtype, "ParamStore.add", |d, dims| {
+    let t = tensor::with_data::<T, _>(py, value, dtype, "ParamStore.add", |d, dims| {
         Tensor::from_vec(d.to_vec(), dims).map_err(|e| errors::engine(py, &e))
     })?;
     s.add(name, t).map(|_| ()).map_err(|e| errors::engine(py, &e))
@@ -95,7 +97,7 @@ fn set_in<T: Float + numpy::Element>(
 ) -> PyResult<()> {
     let t = s.get_mut(id).map_err(|e| errors::engine(py, &e))?;
     let shape = t.shape();
-    convert::with_data::<T, _>(py, value, dtype, "ParamStore.__setitem__", |d, dims| {
+    tensor::with_data::<T, _>(py, value, dtype, "ParamStore.__setitem__", |d, dims| {
         if dims != shape.to_vec().as_slice() {
             return Err(errors::raise(
                 py,
@@ -114,7 +116,7 @@ impl PyParamStore {
     #[new]
     #[pyo3(signature = (dtype=None))]
     fn new(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let store = match dtype.map(|d| convert::parse_dtype(py, d)).transpose()?.unwrap_or(DType::F32) {
+        let store = match dtype.map(|d| convert::parse_dtype(py, d, "ParamStore")).transpose()?.unwrap_or(DType::F32) {
             DType::F32 => Store::F32(ParamStore::new()),
             DType::F64 => Store::F64(ParamStore::new()),
         };
@@ -217,6 +219,48 @@ impl PyParamStore {
             Store::F64(s) => tapir_nn::io::load_bytes(s, data),
         }
         .map_err(|e| errors::engine(py, &e))
+    }
+
+    /// Pickling: the class, the dtype and the `(name, values)` pairs in the order the
+    /// names were added, each value a NumPy array (exact bits). A store an open scope
+    /// reads pickles too: this only reads it.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let me = slf.borrow();
+        let items = me
+            .names()
+            .into_iter()
+            .map(|n| {
+                let value = me.__getitem__(py, &n)?;
+                PyTuple::new(py, [n.into_pyobject(py)?.into_any(), value])
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let args = PyTuple::new(py, [me.kind().name()])?;
+        PyTuple::new(py, [slf.get_type().into_any(), args.into_any(), PyList::new(py, items)?.into_any()])
+    }
+
+    /// Unpickling: replaces every parameter by `state`'s `(name, values)` pairs, all or
+    /// nothing. `ScopeError` while an open scope reads the store. The result is a new
+    /// store: gradient buffers and optimizers made for the old one do not fit it.
+    fn __setstate__(&mut self, py: Python<'_>, state: Vec<(String, Bound<'_, PyAny>)>) -> PyResult<()> {
+        self.check_free(py, "ParamStore.__setstate__")?;
+        let dtype = self.kind();
+        self.store = match dtype {
+            DType::F32 => {
+                let mut s = ParamStore::new();
+                for (name, value) in &state {
+                    add_to(py, &mut s, dtype, name, value)?;
+                }
+                Store::F32(s)
+            }
+            DType::F64 => {
+                let mut s = ParamStore::new();
+                for (name, value) in &state {
+                    add_to(py, &mut s, dtype, name, value)?;
+                }
+                Store::F64(s)
+            }
+        };
+        Ok(())
     }
 
     fn __repr__(&self) -> String {

@@ -7,6 +7,7 @@ use tapir::{Float, Scope, Var};
 use crate::convert;
 use crate::errors;
 use crate::registry::{self, on_scope, DType, Entry, Meta, Missing};
+use crate::tensor;
 
 /// A handle to a value recorded in a scope: `x + y`, `x @ w`, `x.tanh()`, `x.sum(axis=1)`.
 ///
@@ -106,7 +107,7 @@ impl PyVar {
             let v: f64 = other.extract()?;
             return Ok(s.scalar(T::from_f64(v)));
         }
-        convert::with_data(py, other, self.dtype, op, |data: &[T], dims| Ok(s.tensor(data, dims)))
+        tensor::with_data(py, other, self.dtype, op, |data: &[T], dims| Ok(s.tensor(data, dims)))
     }
 }
 

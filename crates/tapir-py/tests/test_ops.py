@@ -561,11 +561,14 @@ ELSEWHERE = {
     "param": "test_scope::test_store_changes_inside_the_scope_raise_and_succeed_after",
     "grad@Scope": "test_scope::test_second_derivative_of_cube",
     "stats": "test_scope::test_stats",
+    "no_grad": "test_no_grad::test_no_grad_computes_values_without_gradients",
     # tapir
     "Graph": "test_op_float64",
     "Scope": "test_op_float64",
     "Var": "test_op_float64",
     "ParamStore": "test_io::test_to_bytes_is_read_by_safetensors",
+    "Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
+    "func": "test_func::test_grad_of_sum_of_squares",
     "GradBuffer": "test_train::test_backward_into_accumulates",
     "Optimizer": "test_train::test_sgd_step_matches_closed_form",
     "init_threads": "test_train::test_init_threads_in_a_fresh_process",
@@ -593,6 +596,23 @@ ELSEWHERE = {
     "Adam": "test_train::test_adam_steps_match_closed_form",
     "AdamW": "test_train::test_adamw_steps_match_closed_form",
     "clip_grad_norm": "test_train::test_clip_grad_norm_matches_closed_form",
+    # tapir.func (checked by name@func: plain "grad" is Var.grad)
+    "grad@func": "test_func::test_grad_of_sum_of_squares",
+    "value_and_grad@func": "test_func::test_value_and_grad_of_a_cube",
+    "hvp@func": "test_func::test_hvp_matches_finite_differences",
+    "jvp@func": "test_func::test_jvp_matches_finite_differences",
+    "jacobian@func": "test_func::test_jacobian_of_a_linear_map_is_its_matrix",
+    "hessian@func": "test_func::test_hessian_of_a_cube_is_diagonal",
+    # tapir.Tensor (checked by name@Tensor: the plain names are Var's)
+    "shape@Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
+    "ndim@Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
+    "dtype@Tensor": "test_tensor::test_tensor_dtype_rules",
+    "__len__@Tensor": "test_tensor::test_tensor_layouts_and_shapes",
+    "numpy@Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
+    "__array__@Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
+    "item@Tensor": "test_tensor::test_tensor_layouts_and_shapes",
+    "__repr__@Tensor": "test_tensor::test_tensor_repr",
+    "__reduce__@Tensor": "test_tensor::test_tensor_pickles_exactly",
 }
 
 # Names deliberately not tested as ops, with the reason.
@@ -650,12 +670,33 @@ def test_every_scope_method_is_tested_or_excluded():
     assert not missing, f"tapir.Scope names neither tested nor excluded: {missing}"
 
 
+def _uncovered_strictly(names, scoped):
+    """`names` with no `name@scoped` entry: for namespaces whose plain names mean another
+    class's attribute (`grad` is `Var.grad`)."""
+    return sorted(n for n in names if f"{n}@{scoped}" not in ELSEWHERE and n not in EXCLUDED)
+
+
+def test_every_function_of_tapir_func_is_tested():
+    m = importlib.import_module("tapir.func")
+    names = {n for n in dir(m) if not n.startswith("_") and type(getattr(m, n)).__name__ != "module"}
+    assert names == set(m.__all__), f"tapir.func's public names are not its __all__: {names ^ set(m.__all__)}"
+    missing = _uncovered_strictly(names, "func")
+    assert not missing, f"tapir.func names with no name@func test: {missing}"
+
+
+def test_every_tensor_attribute_is_tested_or_excluded():
+    names = _defined_by(tapir.Tensor)
+    assert {"shape", "numpy", "__reduce__"} <= names  # the introspection itself works
+    missing = _uncovered_strictly(names, "Tensor")
+    assert not missing, f"tapir.Tensor names with no name@Tensor test nor exclusion: {missing}"
+
+
 @pytest.mark.parametrize("module", ["tapir", "tapir.nn", "tapir.optim"])
 def test_every_public_name_of_the_package_is_tested_or_excluded(module):
     m = importlib.import_module(module)
     names = {n for n in dir(m) if not n.startswith("_")}
     # Modules the package imports for itself are not its API.
-    names -= {n for n in names if type(getattr(m, n)).__name__ == "module" and n not in ("nn", "optim")}
+    names -= {n for n in names if type(getattr(m, n)).__name__ == "module" and n not in ("nn", "optim", "func")}
     if hasattr(m, "__all__"):
         assert set(m.__all__) <= set(dir(m)), f"{module}.__all__ names missing attributes"
     missing = _uncovered(names)

@@ -38,7 +38,7 @@ def test_every_public_name_of_the_module_has_a_stub_and_back():
 
 
 def test_every_public_method_has_a_docstring_or_is_an_operator():
-    for cls in (tapir.Graph, tapir.Scope, tapir.Var, tapir.ParamStore, tapir.GradBuffer, tapir.Optimizer):
+    for cls in (tapir.Graph, tapir.Scope, tapir.Var, tapir.Tensor, tapir.ParamStore, tapir.GradBuffer, tapir.Optimizer):
         undocumented = [
             n for n, v in vars(cls).items() if not n.startswith("_") and callable(v) and not (v.__doc__ or "").strip()
         ]

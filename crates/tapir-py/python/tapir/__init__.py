@@ -30,17 +30,19 @@ from ._errors import (
     TapirMemoryError,
     UnsupportedError,
 )
-from ._tapir import Graph, GradBuffer, Optimizer, ParamStore, Scope, Var, init_threads
-from . import nn, optim
+from ._tapir import Graph, GradBuffer, Optimizer, ParamStore, Scope, Tensor, Var, init_threads
+from . import func, nn, optim
 
 __all__ = [
     "Graph",
     "Scope",
     "Var",
+    "Tensor",
     "ParamStore",
     "GradBuffer",
     "Optimizer",
     "init_threads",
+    "func",
     "nn",
     "optim",
     "TapirError",

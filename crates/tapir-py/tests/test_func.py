@@ -128,7 +128,8 @@ def test_jvp_matches_finite_differences():
     assert ref.close(jv, numeric, 1e-6, 1e-6) <= 0, (jv, numeric)
     np.testing.assert_allclose(jv, tapir.func.jacobian(f, X) @ V, rtol=1e-12, atol=1e-12)
     # A linear map's J v is A v, whatever x.
-    np.testing.assert_allclose(tapir.func.jvp(lambda s, x: (s.input(A) @ x.reshape(4, 1)).reshape(3), X, V)[1], A @ V, rtol=1e-14)
+    _, jv = tapir.func.jvp(lambda s, x: (s.input(A) @ x.reshape(4, 1)).reshape(3), X, V)
+    np.testing.assert_allclose(jv, A @ V, rtol=1e-14)
 
 
 def test_a_non_scalar_output_is_a_gradient_error():
@@ -223,3 +224,14 @@ def test_a_jacobian_too_large_for_memory_is_a_tapir_memory_error(tmp_path):
         f"(at {child}:7)"
     )
     assert expected in out.stdout, out.stdout + out.stderr
+
+
+def test_derivatives_that_vanish_are_zeros_not_errors():
+    # A linear f has a zero Hessian; a constant f zero gradients and Jacobians.
+    np.testing.assert_array_equal(tapir.func.hvp(lambda s, x: (x * 2.0).sum(), X, V), np.zeros(4))
+    np.testing.assert_array_equal(tapir.func.hessian(lambda s, x: (x * 2.0).sum(), X), np.zeros((4, 4)))
+    np.testing.assert_array_equal(tapir.func.grad(lambda s, x: s.input(np.ones(())), X), np.zeros(4))
+    y, jv = tapir.func.jvp(lambda s, x: s.input(np.ones(2)), X, V)
+    np.testing.assert_array_equal(y, np.ones(2))
+    np.testing.assert_array_equal(jv, np.zeros(2))
+    np.testing.assert_array_equal(tapir.func.jacobian(lambda s, x: s.input(np.ones(2)), X), np.zeros((2, 4)))

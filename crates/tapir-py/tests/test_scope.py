@@ -484,3 +484,14 @@ def test_no_cycles_for_the_collector():
             s.backward(y.sum())
             kept.append(y)
     assert gc.collect() == 0
+
+
+def test_a_scope_keeps_its_graph_alive():
+    # The scope object holds its graph, so a graph with no other reference is not
+    # dropped under the open scope.
+    with tapir.Graph(dtype="float64").scope() as s:
+        x = s.leaf(np.array([1.0, 2.0]))
+        s.backward((x * x).sum())
+        assert x.grad.tolist() == [2.0, 4.0]
+    with pytest.raises(tapir.ScopeError, match="used after its scope ended"):
+        x.numpy()

@@ -100,7 +100,9 @@ def test_a_tensor_is_accepted_wherever_an_array_is(dtype):
         y = ((x * tb + c) @ tapir.Tensor(b.reshape(4, 1))).sum() + (tb * x).sum() + s.param(store, "w").sum()
         s.backward(y)
         np.testing.assert_allclose(
-            y.item(), ((a * b + b) @ b.reshape(4, 1)).sum() + (b * a).sum() + (2 * b).sum(), rtol=1e-5 if dtype == "float32" else 1e-12
+            y.item(),
+            ((a * b + b) @ b.reshape(4, 1)).sum() + (b * a).sum() + (2 * b).sum(),
+            rtol=1e-5 if dtype == "float32" else 1e-12,
         )
         # ∂/∂xᵢⱼ of Σᵢⱼ (xᵢⱼbⱼ + bⱼ)bⱼ + Σᵢⱼ bⱼxᵢⱼ is bⱼ² + bⱼ.
         np.testing.assert_allclose(x.grad, np.broadcast_to(b * b + b, a.shape), rtol=1e-5)
@@ -113,7 +115,8 @@ def test_a_tensor_of_the_other_dtype_is_refused():
         with pytest.raises(tapir.DTypeError) as e:
             s.leaf(t)
         assert str(e.value) == (
-            'leaf: a float64 Tensor given to a float32 graph (one dtype per graph); convert with tapir.Tensor(t, dtype="float32")'
+            "leaf: a float64 Tensor given to a float32 graph (one dtype per graph); "
+            'convert with tapir.Tensor(t, dtype="float32")'
         )
         x = s.leaf(np.ones(2, np.float32))
         with pytest.raises(tapir.DTypeError, match="add: a float64 Tensor given to a float32 graph"):

@@ -67,7 +67,10 @@ def _graph(x: typing.Any, graph: "_tapir.Graph | None") -> "_tapir.Graph":
 def _record(op: str, f: _Function, s: "_tapir.Scope", x: "_tapir.Var") -> "_tapir.Var":
     y = f(s, x)
     if not isinstance(y, _tapir.Var):
-        raise TypeError(f"{op}: f must return a tapir.Var recorded on the scope it is given, not {type(y).__name__} (at {_caller()})")
+        raise TypeError(
+            f"{op}: f must return a tapir.Var recorded on the scope it is given, not {type(y).__name__} "
+            f"(at {_caller()})"
+        )
     return y
 
 
@@ -144,7 +147,9 @@ def hvp(f: _Function, x: typing.Any, v: typing.Any, *, graph: "_tapir.Graph | No
         return hv.numpy()
 
 
-def jvp(f: _Function, x: typing.Any, v: typing.Any, *, graph: "_tapir.Graph | None" = None) -> tuple[np.ndarray, np.ndarray]:
+def jvp(
+    f: _Function, x: typing.Any, v: typing.Any, *, graph: "_tapir.Graph | None" = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``f(x)`` and the Jacobian-vector product ``J v`` (forward mode), for ``f`` of any
     shape, by the double-vjp trick: with a dummy leaf ``u`` of ``f``'s shape,
     ``uᵀJ = ∇ₓ⟨f(x), u⟩`` is linear in ``u``, so ``J v = ∇ᵤ⟨uᵀJ, v⟩`` (about two

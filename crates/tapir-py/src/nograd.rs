@@ -30,12 +30,17 @@ impl PyNoGrad {
         PyNoGrad { slot, serial, thread, scope, entered: AtomicU32::new(0) }
     }
 
-    /// Runs `f` on the graph's entry with the scope checked: `Err(where it ended)` if the
-    /// scope is no longer open.
-    fn on_entry<R>(&self, py: Python<'_>, f: impl FnOnce(&Entry) -> R) -> PyResult<Result<R, String>> {
+    fn check_thread(&self, py: Python<'_>) -> PyResult<()> {
         if self.thread != registry::thread() {
             return Err(errors::scope(py, "no_grad: this scope belongs to another thread".into()));
         }
+        Ok(())
+    }
+
+    /// Runs `f` on the graph's entry with the scope checked: `Err(where it ended)` if the
+    /// scope is no longer open.
+    fn on_entry<R>(&self, py: Python<'_>, f: impl FnOnce(&Entry) -> R) -> PyResult<Result<R, String>> {
+        self.check_thread(py)?;
         let looked = registry::with(self.slot, self.serial, |e| {
             if e.scope_number() == self.scope && e.is_open() {
                 Ok(f(e))
@@ -77,6 +82,7 @@ impl PyNoGrad {
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let raising = exc.iter().next().is_some_and(|t| !t.is_none());
+        self.check_thread(py)?;
         if self.entered.load(Ordering::Relaxed) == 0 {
             return Err(errors::scope(py, "no_grad: exited without being entered".into()));
         }

@@ -190,13 +190,23 @@ def test_exit_without_enter_and_another_thread_raise():
         box = {}
 
         def other():
-            try:
-                ng.__enter__()
-            except BaseException as e:  # a PanicException is a BaseException
-                box["e"] = e
+            for what, call in [("enter", ng.__enter__), ("exit", lambda: entered.__exit__(None, None, None))]:
+                try:
+                    call()
+                except BaseException as e:  # a PanicException is a BaseException
+                    box[what] = e
+
+        entered = s.no_grad()
+        entered.__enter__()
 
         t = threading.Thread(target=other)
         t.start()
         t.join()
-        assert type(box["e"]) is tapir.ScopeError and "another thread" in str(box["e"])
-        assert s.leaf(np.ones(2, np.float32)).exp().requires_grad
+        for what in ("enter", "exit"):
+            assert type(box[what]) is tapir.ScopeError and "no_grad: this scope belongs to another thread" in str(
+                box[what]
+            ), (what, box.get(what))
+        x = s.leaf(np.ones(2, np.float32))
+        assert not x.exp().requires_grad, "the other thread did not end this thread's region"
+        entered.__exit__(None, None, None)
+        assert x.exp().requires_grad

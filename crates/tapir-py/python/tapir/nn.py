@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 _Rng = np.random.Generator | None
-_Size = int | tuple[int, int]
 
 
 # ------------------------------------------------------------------------- helpers

@@ -123,7 +123,8 @@ class CosineAnnealingLR(LRScheduler):
     ``eta_min``, after an optional linear warm-up of ``warmup`` steps:
 
         step < warmup:          lr = base_lr·(step + 1)/warmup
-        warmup ≤ step ≤ T_max:  lr = eta_min + (base_lr − eta_min)·(1 + cos(π·(step − warmup)/(T_max − warmup)))/2
+        warmup ≤ step ≤ T_max:  lr = eta_min + (base_lr − eta_min)·(1 + cos(π·d))/2,
+                                d = (step − warmup)/(T_max − warmup)
         step > T_max:           lr = eta_min
 
     With ``warmup=0`` this is the closed form of ``torch.optim.lr_scheduler.CosineAnnealingLR``

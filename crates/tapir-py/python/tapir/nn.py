@@ -51,17 +51,18 @@ def _positive(layer: str, **sizes) -> None:
     """Raises ``ArgumentError`` unless every size is a positive integer."""
     if all(_is_int(v) and v > 0 for v in sizes.values()):
         return
-    listed = [f"{k} {v!r}" for k, v in sizes.items()]
-    words = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
-    raise _errors.ArgumentError(f"{layer}: {words} must be positive integers")
+    listed = [f"{k} {v if _is_int(v) else repr(v)}" for k, v in sizes.items()]
+    if len(listed) == 1:
+        raise _errors.ArgumentError(f"{layer}: {listed[0]} must be a positive integer")
+    raise _errors.ArgumentError(f"{layer}: {', '.join(listed[:-1])} and {listed[-1]} must be positive integers")
 
 
 def _pair(layer: str, what: str, v, minimum: int = 1) -> tuple[int, int]:
     """``v`` or ``(v, v)`` as a pair of integers ``>= minimum``."""
     pair = (v, v) if _is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else None
     if pair is None or len(pair) != 2 or not all(_is_int(p) and p >= minimum for p in pair):
-        kind = "positive integers" if minimum == 1 else "non-negative integers"
-        raise _errors.ArgumentError(f"{layer}: {what} {v!r} must be an integer or a pair of {kind}")
+        kind = "positive integer" if minimum == 1 else "non-negative integer"
+        raise _errors.ArgumentError(f"{layer}: {what} {v!r} must be a {kind} or a pair of them")
     return (int(pair[0]), int(pair[1]))
 
 

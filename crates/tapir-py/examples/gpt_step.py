@@ -1,6 +1,7 @@
-"""Training steps of a small GPT (GPT-2's block: pre-LayerNorm, causal multi-head attention,
-a GELU MLP, residuals, tied embeddings) on the bytes of this file, with AdamW and gradient
-clipping. Each step is one `with graph.scope()` block; parameters live in a ParamStore.
+"""Training steps of a small GPT (`tapir.nn.GPT`, GPT-2's block: pre-LayerNorm, causal
+multi-head attention, a GELU MLP, residuals, tied embeddings) on the bytes of this file, with
+AdamW and gradient clipping. Each step is one `with graph.scope()` block; parameters live in
+a ParamStore.
 
     python crates/tapir-py/examples/gpt_step.py [--steps N] [--layers N] [--width C]
 
@@ -17,56 +18,6 @@ import numpy as np
 import tapir
 
 VOCAB = 128  # ASCII
-
-
-class GPT:
-    """Parameter names and the forward pass; values live in `store`."""
-
-    def __init__(self, store, layers=2, width=64, heads=4, context=32, rng=None):
-        rng = rng if rng is not None else np.random.default_rng(0)
-        self.store, self.layers, self.width, self.heads, self.context = store, layers, width, heads, context
-        c = width
-
-        def add(name, shape, std=0.02, value=None):
-            a = np.full(shape, value, np.float32) if value is not None else rng.normal(0.0, std, shape)
-            store.add(name, a.astype(np.float32))
-
-        add("wte", (VOCAB, c))
-        add("wpe", (context, c), std=0.01)
-        proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2's scaled residual projections
-        for i in range(layers):
-            add(f"h{i}.ln1.w", (c,), value=1.0)
-            add(f"h{i}.ln1.b", (c,), value=0.0)
-            add(f"h{i}.attn.qkv.w", (c, 3 * c))
-            add(f"h{i}.attn.qkv.b", (3 * c,), value=0.0)
-            add(f"h{i}.attn.proj.w", (c, c), std=proj_std)
-            add(f"h{i}.attn.proj.b", (c,), value=0.0)
-            add(f"h{i}.ln2.w", (c,), value=1.0)
-            add(f"h{i}.ln2.b", (c,), value=0.0)
-            add(f"h{i}.mlp.fc.w", (c, 4 * c))
-            add(f"h{i}.mlp.fc.b", (4 * c,), value=0.0)
-            add(f"h{i}.mlp.proj.w", (4 * c, c), std=proj_std)
-            add(f"h{i}.mlp.proj.b", (c,), value=0.0)
-        add("lnf.w", (c,), value=1.0)
-        add("lnf.b", (c,), value=0.0)
-
-    def __call__(self, s, tokens):
-        """Logits `[B·T, VOCAB]` for int tokens `[B, T]`, recorded in scope `s`."""
-        b, t = tokens.shape
-        p = lambda name: s.param(self.store, name)  # noqa: E731
-        wte = p("wte")
-        x = wte.index_select(0, tokens.reshape(-1)).reshape(b, t, self.width)  # embedding lookup
-        x = x + p("wpe").narrow(0, 0, t)  # [T, C] broadcast over the batch
-        for i in range(self.layers):
-            h = x.layer_norm(p(f"h{i}.ln1.w"), p(f"h{i}.ln1.b"))
-            qkv = h.linear(p(f"h{i}.attn.qkv.w"), p(f"h{i}.attn.qkv.b"))  # [B, T, 3C]
-            att = qkv.attention_weights(self.heads, causal=True)  # [B, H, T, T]
-            x = x + att.attend(qkv).linear(p(f"h{i}.attn.proj.w"), p(f"h{i}.attn.proj.b"))
-            h = x.layer_norm(p(f"h{i}.ln2.w"), p(f"h{i}.ln2.b"))
-            h = h.linear(p(f"h{i}.mlp.fc.w"), p(f"h{i}.mlp.fc.b")).gelu_tanh()
-            x = x + h.linear(p(f"h{i}.mlp.proj.w"), p(f"h{i}.mlp.proj.b"))
-        x = x.layer_norm(p("lnf.w"), p("lnf.b"))
-        return (x @ wte.T).reshape(b * t, VOCAB)  # tied output embedding
 
 
 def text_tokens():
@@ -86,7 +37,7 @@ def train(steps=30, layers=2, width=64, heads=4, context=32, batch=8, lr=3e-3, s
     """Runs `steps` training steps; returns the losses."""
     rng = np.random.default_rng(seed)
     store = tapir.ParamStore()
-    model = GPT(store, layers, width, heads, context, rng)
+    model = tapir.nn.GPT(store, VOCAB, context, width, heads, layers, rng=rng)
     opt = tapir.optim.AdamW(store, lr=lr, weight_decay=0.01)
     grads = store.zeros_like()
     g = tapir.Graph(threads=threads)
@@ -98,7 +49,7 @@ def train(steps=30, layers=2, width=64, heads=4, context=32, batch=8, lr=3e-3, s
         t0 = time.perf_counter()
         grads.zero()
         with g.scope() as s:
-            loss = model(s, x).cross_entropy(y.reshape(-1))
+            loss = model.loss(s, x, y)
             s.backward_into(loss, grads)
             losses.append(loss.item())
         norm = tapir.optim.clip_grad_norm(store, grads, 1.0)

@@ -52,15 +52,6 @@ def accuracy(g, mlp, x, y):
     return float(np.mean(np.argmax(logits, axis=1) == y))
 
 
-def cosine_warmup(step, base, minimum, warmup, total):
-    """Linear warm-up over `warmup` steps to `base`, then a cosine down to `minimum` at
-    `total` (tapir_nn::optim::CosineWarmup)."""
-    if step < warmup:
-        return base * (step + 1) / warmup
-    done = min(1.0, (step - warmup) / max(1, total - warmup))
-    return minimum + (base - minimum) * 0.5 * (1.0 + math.cos(math.pi * done))
-
-
 def train(epochs=40, seed=0, lr=3e-3, sizes=(64, 256, 128, 10), log=print):
     """Trains a fresh MLP; returns a dict with the per-epoch mean training loss (`losses`),
     the per-epoch test accuracy (`test_accuracy`), the final `train_accuracy` and the model
@@ -71,11 +62,12 @@ def train(epochs=40, seed=0, lr=3e-3, sizes=(64, 256, 128, 10), log=print):
     store = tapir.ParamStore()
     mlp = tapir.nn.MLP(store, list(sizes), rng=rng)
     steps_per_epoch = math.ceil(len(y_train) / BATCH)
-    schedule = dict(base=lr, minimum=1e-5, warmup=steps_per_epoch, total=steps_per_epoch * epochs)
-    opt = tapir.optim.Adam(store, lr=cosine_warmup(0, **schedule))
+    opt = tapir.optim.Adam(store, lr=lr)
+    # Linear warm-up over the first epoch, then a cosine down to 1e-5 at the last step.
+    schedule = tapir.optim.CosineAnnealingLR(opt, T_max=steps_per_epoch * epochs, eta_min=1e-5, warmup=steps_per_epoch)
     grads = store.zeros_like()  # allocated once, zeroed each step
     g = tapir.Graph(threads=1)  # these matrices are too small to share out
-    losses, test_acc, step = [], [], 0
+    losses, test_acc = [], []
     for epoch in range(epochs):
         order = rng.permutation(len(y_train))
         total, t0 = 0.0, time.perf_counter()
@@ -86,9 +78,8 @@ def train(epochs=40, seed=0, lr=3e-3, sizes=(64, 256, 128, 10), log=print):
                 loss = mlp(s, s.input(x_train[idx])).cross_entropy(y_train[idx])
                 s.backward_into(loss, grads)
                 total += loss.item() * len(idx)
-            opt.lr = cosine_warmup(step, **schedule)
             opt.step(store, grads)  # after the block: the store is free again
-            step += 1
+            schedule.step()
         losses.append(total / len(order))
         test_acc.append(accuracy(g, mlp, x_test, y_test))
         log(

@@ -152,14 +152,25 @@ fn walk<'s, T: Float>(
     };
     grads[loss] = Some(first.map_err(|e| alloc_error(e, "backward", location))?);
     let mut ctx = BackwardCtx { tape, grads, arena, custom, par, location, spare };
+    // Profiling shares the anomaly check's test: each rule's timer stops after the rule
+    // and the next one starts there, so the walk's own steps between rules are charged to
+    // the rule that follows them.
+    let profile = tape.profile;
+    let checks = anomaly || profile.is_some();
+    let mut timer = profile.map(|p| p.start());
     for id in tape.ids_through(loss).rev() {
         let node = tape.nodes[id.index()];
         if !node.requires_grad || ctx.grads[id].is_none() {
             continue;
         }
         ops::backward::<T, Walk>(node.op, &mut ctx, id)?;
-        if anomaly {
-            check_finite(&ctx, id)?;
+        if checks {
+            if anomaly {
+                check_finite(&ctx, id)?;
+            }
+            if let (Some(p), Some(t)) = (profile, timer) {
+                timer = Some(p.lap(node.op.kind(), t));
+            }
         }
         if let Some(spare) = ctx.spare.as_deref_mut() {
             if !matches!(node.op, Op::Leaf | Op::Variable | Op::Param(_)) {

@@ -152,7 +152,7 @@ impl<T: Float> Graph<T> {
     /// let mut g = tapir::Graph::new();
     /// g.set_profiling(true);
     /// g.scope(|s| {
-    ///     let x = s.variable(&x);
+    ///     let x = s.leaf(&x);
     ///     s.backward(x.matmul(x).tanh().sum())
     /// })?;
     /// let profile = g.profile();

@@ -57,27 +57,43 @@ fn workload(name: &str) -> (Box<dyn FnMut(&mut Graph<f32>)>, usize, usize) {
     match name {
         "W1" => {
             let w = benches::SeedLoop::new(benches::W1_N);
-            (Box::new(move |g| {
-                std::hint::black_box(w.step(g));
-            }), 3, 10)
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.step(g));
+                }),
+                3,
+                10,
+            )
         }
         "W2" => {
             let mut w = benches::Mlp::new();
-            (Box::new(move |g| {
-                std::hint::black_box(w.step(g));
-            }), 3, 20)
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.step(g));
+                }),
+                3,
+                20,
+            )
         }
         "W8" | "W8C" => {
             let mut w = benches::DeepMlp::new(name == "W8C");
-            (Box::new(move |g| {
-                std::hint::black_box(w.step(g));
-            }), 2, 4)
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.step(g));
+                }),
+                2,
+                4,
+            )
         }
         "W10" => {
             let mut w = benches::CharStep::new();
-            (Box::new(move |g| {
-                std::hint::black_box(w.step(g));
-            }), 3, 10)
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.step(g));
+                }),
+                3,
+                10,
+            )
         }
         other => panic!("no workload {other}: W1, W2, W8, W8C or W10"),
     }
@@ -115,7 +131,10 @@ fn print_table(o: &Options, name: &str, p: &Profile, step: Duration, steps: usiz
         println!("| op | nodes/step | forward ms | backward ms | of which GEMM | share |");
         println!("|---|---:|---:|---:|---:|---:|");
     } else {
-        println!("{:<18} {:>10} {:>11} {:>12} {:>9} {:>7}", "op", "nodes/step", "forward ms", "backward ms", "GEMM ms", "share");
+        println!(
+            "{:<18} {:>10} {:>11} {:>12} {:>9} {:>7}",
+            "op", "nodes/step", "forward ms", "backward ms", "GEMM ms", "share"
+        );
     }
     for (op, calls, fwd, bwd, gemm, total) in rows {
         if covered >= o.top {

@@ -38,6 +38,8 @@ pub(crate) struct Profiler {
     charged: Cell<u64>,
     /// Matrix-product time of the op being timed, charged to its row when it ends.
     gemm: Cell<u64>,
+    /// The backward walk's timer of the rule to come (see [`lap`](Profiler::lap)).
+    lap: Cell<Option<Timer>>,
 }
 
 /// An op being timed: when it started, and the profile's counters then.
@@ -59,7 +61,12 @@ fn add(cell: &Cell<u64>, v: u64) {
 
 impl Default for Profiler {
     fn default() -> Self {
-        Profiler { rows: std::array::from_fn(|_| Counters::default()), charged: Cell::new(0), gemm: Cell::new(0) }
+        Profiler {
+            rows: std::array::from_fn(|_| Counters::default()),
+            charged: Cell::new(0),
+            gemm: Cell::new(0),
+            lap: Cell::new(None),
+        }
     }
 }
 
@@ -83,11 +90,26 @@ impl Profiler {
         add(&row.gemm, self.gemm.replace(t.outer_gemm));
     }
 
-    /// Ends one op's backward rule and starts timing the next: the backward walk's
+    /// Starts a backward walk's laps; returns the enclosing walk's timer (a checkpoint's
+    /// recomputation walks inside a rule), for [`end_laps`](Profiler::end_laps).
+    pub(crate) fn begin_laps(&self) -> Option<Timer> {
+        self.lap.replace(Some(self.start()))
+    }
+
+    /// Ends the backward rule of a node of `kind` and starts timing the next: the walk's
     /// bookkeeping between two rules is charged to the later one.
-    pub(crate) fn lap(&self, kind: OpKind, t: Timer) -> Timer {
-        self.stop(kind, true, t);
-        self.start()
+    pub(crate) fn lap(&self, kind: OpKind) {
+        if let Some(t) = self.lap.get() {
+            self.stop(kind, true, t);
+            self.lap.set(Some(self.start()));
+        }
+    }
+
+    /// Ends a walk's laps: the time after its last rule stays with the enclosing op.
+    pub(crate) fn end_laps(&self, outer: Option<Timer>) {
+        if let Some(t) = self.lap.replace(outer) {
+            self.gemm.set(self.gemm.get().saturating_add(t.outer_gemm));
+        }
     }
 
     /// Runs `f`, a matrix product inside the op being timed, and counts its time.

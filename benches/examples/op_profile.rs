@@ -52,8 +52,11 @@ fn options() -> Options {
     o
 }
 
-/// A workload's step on `g`, its warm-up and default step counts.
-fn workload(name: &str) -> (Box<dyn FnMut(&mut Graph<f32>)>, usize, usize) {
+/// One step of a workload on a graph.
+type Step = Box<dyn FnMut(&mut Graph<f32>)>;
+
+/// A workload's step, its warm-up and default step counts.
+fn workload(name: &str) -> (Step, usize, usize) {
     match name {
         "W1" => {
             let w = benches::SeedLoop::new(benches::W1_N);
@@ -125,7 +128,7 @@ fn print_table(o: &Options, name: &str, p: &Profile, step: Duration, steps: usiz
         })
         .collect();
     rows.push(("outside ops", 0.0, 0.0, 0.0, 0.0, outside));
-    rows.sort_by(|a, b| b.5.cmp(&a.5));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.5));
     let (mut covered, mut left) = (0.0, (0, 0.0));
     if o.markdown {
         println!("| op | nodes/step | forward ms | backward ms | of which GEMM | share |");

@@ -71,6 +71,7 @@ pub use shape::{Shape, ShapeProblem, MAX_RANK};
 pub use storage::ArenaStats;
 pub use tape::id::NodeId;
 pub use tape::op::OpKind;
+pub use tape::profile::{OpTime, Profile};
 pub use tensor::Tensor;
 pub use threads::{init_threads, pool_threads, MAX_THREADS};
 

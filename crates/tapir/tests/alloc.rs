@@ -194,6 +194,17 @@ impl tapir::Checkpoint<f32> for Block<'_> {
 /// recomputation in backward reuse what the first step set up.
 #[test]
 fn warmed_up_checkpointed_step_allocates_nothing() {
+    checkpointed_steps(false);
+}
+
+/// The same step with the per-op profile on: its counters are a fixed table, made when
+/// profiling is turned on, so counting allocates nothing either.
+#[test]
+fn warmed_up_profiled_step_allocates_nothing() {
+    checkpointed_steps(true);
+}
+
+fn checkpointed_steps(profile: bool) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut store = ParamStore::<f32>::new();
     let w0 = store.add("w0", Tensor::normal(&[16, 16], 0.0, 0.2, &mut rng).unwrap()).unwrap();
@@ -203,6 +214,7 @@ fn warmed_up_checkpointed_step_allocates_nothing() {
     let mut grads = store.zeros_like().unwrap();
     let mut graph = Graph::<f32>::new();
     graph.set_threads(1);
+    graph.set_profiling(profile);
     let mut counts = [0usize; 20];
     for count in &mut counts {
         let before = ALLOC.allocations();
@@ -224,6 +236,7 @@ fn warmed_up_checkpointed_step_allocates_nothing() {
     assert!(counts[0] > 0, "the first step sets the arenas and tapes up");
     assert!(counts[2..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
     assert!(graph.stats().scratch.high_water > 0, "the blocks ran on the scratch arena");
+    assert_eq!(graph.profile().is_empty(), !profile);
 }
 
 /// The same holds for a scope held open between calls ([`tapir::Session`]), with nodes

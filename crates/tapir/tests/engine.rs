@@ -18,6 +18,7 @@ mod gradients;
 mod hand_worked;
 mod names;
 mod nan;
+mod profile;
 mod second_order;
 mod second_order_props;
 mod semantics;

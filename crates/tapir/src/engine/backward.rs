@@ -79,7 +79,11 @@ pub(crate) fn run_with<'s, T: Float>(
     let mut custom = std::mem::take(&mut tape.custom_scratch);
     let mut spare = std::mem::take(&mut tape.spare_grads);
     let pool = release.then_some(&mut spare);
+    let outer_laps = tape.profile.map(|p| p.begin_laps());
     let result = walk(tape, &mut grads, &mut custom, pool, arena, par, (loss, seed), location, anomaly);
+    if let (Some(p), Some(outer)) = (tape.profile, outer_laps) {
+        p.end_laps(outer);
+    }
     // What no later first use took stays the arena's until the scope ends (the memory
     // report counts it).
     tape.released_bytes = spare.iter().map(|g| std::mem::size_of_val(&**g)).sum();
@@ -152,14 +156,17 @@ fn walk<'s, T: Float>(
     };
     grads[loss] = Some(first.map_err(|e| alloc_error(e, "backward", location))?);
     let mut ctx = BackwardCtx { tape, grads, arena, custom, par, location, spare };
+    // Profiling shares the anomaly check's test, and one value holds both flags, so the
+    // loop keeps no more live than it did without profiling.
+    let checks = Checks { anomaly, profile: tape.profile.is_some() };
     for id in tape.ids_through(loss).rev() {
         let node = tape.nodes[id.index()];
         if !node.requires_grad || ctx.grads[id].is_none() {
             continue;
         }
         ops::backward::<T, Walk>(node.op, &mut ctx, id)?;
-        if anomaly {
-            check_finite(&ctx, id)?;
+        if checks != Checks::NONE {
+            after_rule(&ctx, id, checks)?;
         }
         if let Some(spare) = ctx.spare.as_deref_mut() {
             if !matches!(node.op, Op::Leaf | Op::Variable | Op::Param(_)) {
@@ -168,6 +175,32 @@ fn walk<'s, T: Float>(
         }
     }
     Ok(())
+}
+
+/// After node `id`'s backward rule, with anomaly detection or profiling on: the check of
+/// its inputs' gradients, and the rule's time. The profile's lap timer stops here and the
+/// next one starts, so the walk's own steps between two rules are charged to the later
+/// rule (see `run_with`, which starts and ends the laps).
+#[inline(never)]
+fn after_rule<'s, T: Float>(ctx: &BackwardCtx<'_, 's, T>, id: NodeId<'s>, checks: Checks) -> Result<()> {
+    if checks.anomaly {
+        check_finite(ctx, id)?;
+    }
+    if let (true, Some(p)) = (checks.profile, ctx.tape.profile) {
+        p.lap(ctx.tape.node(id).op.kind());
+    }
+    Ok(())
+}
+
+/// What runs after each backward rule: anomaly detection, profiling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Checks {
+    anomaly: bool,
+    profile: bool,
+}
+
+impl Checks {
+    const NONE: Checks = Checks { anomaly: false, profile: false };
 }
 
 /// After node `id`'s backward: the first input whose gradient holds a NaN or an infinity

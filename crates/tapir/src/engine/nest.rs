@@ -29,7 +29,7 @@ pub(crate) fn nested<'s, T: Float, R>(
     let out = {
         // A nested scope has no `nest` of its own: a checkpoint inside it runs inline.
         let scope = Scope {
-            core: Core::new(&arena, tape, nest.par, nest.anomaly),
+            core: Core::new(&arena, tape, nest.par, nest.anomaly, nest.profile),
             blocks: RefCell::default(),
             _env: PhantomData,
         };

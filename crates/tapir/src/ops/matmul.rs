@@ -29,6 +29,7 @@ use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
 use crate::record::handles::Var;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
+use crate::tape::profile::{product, Profiler};
 use faer::Par;
 
 impl<'s, T: Float> Var<'s, T> {
@@ -54,7 +55,8 @@ impl<'s, T: Float> Var<'s, T> {
             let (dims, so) =
                 MatMulDims::new_t(&sa, &sb, ta, tb).map_err(|p| MatMulDims::error(r.op, sa, sb, p, r.location))?;
             let out = r.alloc(so.numel())?;
-            kmatmul::forward(&dims, r.value(self.id), r.value(b.id), out, par);
+            let (va, vb) = (r.value(self.id), r.value(b.id));
+            product(r.tape.profile, || kmatmul::forward(&dims, va, vb, out, par));
             Ok((Op::MatMul { a: self.id, b: b.id, ta, tb }, so, out))
         })
     }
@@ -85,20 +87,29 @@ impl<'s, T: Float> Var<'s, T> {
             dims[r_x - 1] = n;
             let so = r.shape_of(sx, &dims[..r_x])?;
             let out = r.alloc(so.numel())?;
-            linear_into(out, r.value(self.id), r.value(w.id), r.value(b.id), (k, n), par);
+            let profile = r.tape.profile;
+            linear_into(out, r.value(self.id), r.value(w.id), r.value(b.id), (k, n), (par, profile));
             Ok((Op::Linear { x: self.id, w: w.id, b: b.id }, so, r.hold_for_reader(out)))
         })
     }
 }
 
-/// `out = x·w + b` for `w: [k, n]`, `out` of `m·n` elements.
-fn linear_into<T: Float>(out: &mut [T], x: &[T], w: &[T], b: &[T], (k, n): (usize, usize), par: Par) {
+/// `out = x·w + b` for `w: [k, n]`, `out` of `m·n` elements; the product's time counts in
+/// the profile if there is one.
+fn linear_into<T: Float>(
+    out: &mut [T],
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    (k, n): (usize, usize),
+    (par, profile): (Par, Option<&Profiler>),
+) {
     // Empty outputs skip both passes (a leading dimension may be huge beside a 0).
     if !out.is_empty() {
         out.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
         if k > 0 {
             let m = out.len() / n;
-            T::gemm(out, x, false, w, false, (m, k, n), true, par);
+            product(profile, || T::gemm(out, x, false, w, false, (m, k, n), true, par));
         }
     }
 }
@@ -112,7 +123,8 @@ pub(crate) fn relinear<'s, T: Float>(r: &mut Rec<'_, 's, T>, id: NodeId<'s>, par
     };
     let (k, n) = (r.shape(w).dim(0), r.shape(w).dim(1));
     let out = r.alloc(r.shape(id).numel())?;
-    linear_into(out, r.value(x), r.value(w), r.value(b), (k, n), par);
+    let profile = r.tape.profile;
+    linear_into(out, r.value(x), r.value(w), r.value(b), (k, n), (par, profile));
     r.tape.nodes[id.index()].value = out;
     r.tape.in_place.restored(id.raw());
     Ok(())
@@ -130,12 +142,12 @@ pub(crate) fn backward<'s, T: Float>(
     let dims = MatMulDims::new_t(&ctx.shape(a), &ctx.shape(b), ta, tb)
         .expect("shapes were checked when matmul was recorded")
         .0;
-    let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
+    let (va, vb, par, profile) = (ctx.value(a), ctx.value(b), ctx.par, ctx.tape.profile);
     if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
-        kmatmul::backward_a(&dims, dout, vb, da, first, par);
+        product(profile, || kmatmul::backward_a(&dims, dout, vb, da, first, par));
     }
     if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
-        kmatmul::backward_b(&dims, dout, va, db, first, par);
+        product(profile, || kmatmul::backward_b(&dims, dout, va, db, first, par));
     }
     Ok(())
 }
@@ -154,19 +166,19 @@ pub(crate) fn backward_linear<'s, T: Float>(
     let (k, n) = (sw.dim(0), sw.dim(1));
     let products = so.numel() > 0 && k > 0;
     let m = if so.numel() > 0 { so.numel() / n } else { 0 };
-    let (vx, vw, vb, par) = (ctx.value(x), ctx.value(w), ctx.value(b), ctx.par);
+    let (vx, vw, vb, par, profile) = (ctx.value(x), ctx.value(w), ctx.value(b), ctx.par, ctx.tape.profile);
     // A first gradient is written, not added (`grad_pair_write`); without a product it
     // is zero.
     if let Some((dout, dx, first)) = ctx.grad_pair_write(out, x)? {
         if products {
-            T::gemm(dx, dout, false, vw, true, (m, n, k), !first, par);
+            product(profile, || T::gemm(dx, dout, false, vw, true, (m, n, k), !first, par));
         } else if first {
             dx.fill(T::ZERO);
         }
     }
     if let Some((dout, dw, first)) = ctx.grad_pair_write(out, w)? {
         if products {
-            T::gemm(dw, vx, true, dout, false, (k, m, n), !first, par);
+            product(profile, || T::gemm(dw, vx, true, dout, false, (k, m, n), !first, par));
         } else if first {
             dw.fill(T::ZERO);
         }

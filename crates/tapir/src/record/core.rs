@@ -13,6 +13,7 @@ use crate::shape::Shape;
 use crate::storage::Arena;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
+use crate::tape::profile::Profiler;
 use crate::tape::tape::NodeView;
 
 /// Restores the composite name on drop (see [`Core::composite`]).
@@ -28,8 +29,19 @@ impl Drop for CompositeGuard<'_> {
 }
 
 impl<'s, T: Float> Core<'s, T> {
-    pub(crate) fn new(arena: &'s Arena, tape: State<'s, T>, par: Par, anomaly: bool) -> Core<'s, T> {
-        Core { arena, tape: RefCell::new(tape), par, anomaly, composite: Cell::new(None) }
+    /// A scope's core over `tape`, profiled if `profile` is given.
+    pub(crate) fn new(
+        arena: &'s Arena,
+        mut tape: State<'s, T>,
+        par: Par,
+        anomaly: bool,
+        profile: Option<&'s Profiler>,
+    ) -> Core<'s, T> {
+        tape.profile = profile;
+        // Profiling takes the record path's slow branch, where the timer starts.
+        tape.slow = profile.is_some();
+        let checks = anomaly || profile.is_some();
+        Core { arena, tape: RefCell::new(tape), par, anomaly, checks, composite: Cell::new(None) }
     }
 
     pub(crate) fn poison(&'s self) -> Var<'s, T> {
@@ -106,14 +118,15 @@ impl<'s, T: Float> Core<'s, T> {
         f: impl FnOnce(&mut Rec<'_, 's, T>, Option<&'s mut [T]>) -> Result<(Op<'s, T>, Shape, &'s [T])>,
     ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
-        // One test on the hot path for both rare cases.
-        let held = if tape.slow {
+        // One test on the hot path for the three rare cases.
+        let (held, timer) = if tape.slow {
             if tape.error.is_some() {
                 return self.poison();
             }
-            take_held(&mut tape, x)
+            let held = take_held(&mut tape, x);
+            (held, tape.profile.map(|p| (p, p.start())))
         } else {
-            None
+            (None, None)
         };
         let op = self.op_name(op);
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
@@ -124,11 +137,16 @@ impl<'s, T: Float> Core<'s, T> {
             if tape.no_grad == 0 {
                 tape.for_each_input(&kind, |i| requires_grad |= tape.node(i).requires_grad);
             }
-            if self.anomaly {
-                if !value.iter().all(|v| v.is_finite()) {
-                    return Err(Error::NonFinite { op, phase: "forward", shape, location });
+            if self.checks {
+                if self.anomaly {
+                    if !value.iter().all(|v| v.is_finite()) {
+                        return Err(Error::NonFinite { op, phase: "forward", shape, location });
+                    }
+                    tape.locs.push(location);
                 }
-                tape.locs.push(location);
+                if let Some((p, t)) = timer {
+                    p.stop(kind.kind(), false, t);
+                }
             }
             tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
         });
@@ -192,6 +210,6 @@ pub(crate) fn take_held<'s, T>(tape: &mut State<'s, T>, x: Option<NodeId<'s>>) -
             tape.nodes[pos as usize].value = buf;
         }
     }
-    tape.slow = tape.error.is_some();
+    tape.slow = tape.error.is_some() || tape.profile.is_some();
     taken
 }

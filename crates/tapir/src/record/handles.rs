@@ -29,6 +29,7 @@ use crate::shape::Shape;
 use crate::storage::Arena;
 use crate::tape::id::{NodeId, NodeMap};
 use crate::tape::in_place::InPlace;
+use crate::tape::profile::Profiler;
 use crate::tape::tape::Tape;
 
 /// One iteration's recording. Made by [`Graph::scope`](crate::Graph::scope); see there for the lifetimes.
@@ -66,6 +67,8 @@ pub struct Core<'s, T> {
     pub(crate) tape: RefCell<State<'s, T>>,
     pub(crate) par: Par,
     pub(crate) anomaly: bool,
+    /// Anomaly detection or profiling is on: the record path's one test after the kernel.
+    pub(crate) checks: bool,
     /// The public method being recorded when it records several primitives (`mean_axes`,
     /// `stack`, `conv2d`, ...): errors raised meanwhile name it rather than the primitive.
     pub(crate) composite: Cell<Option<&'static str>>,
@@ -87,6 +90,8 @@ pub(crate) struct State<'s, T> {
     /// Where checkpointed blocks record (the graph's scratch arena); `None` on a scope
     /// nested in a checkpoint, where a checkpoint runs inline.
     pub nest: Option<Nest<'s>>,
+    /// The graph's profile while profiling is on (see `tape/profile.rs`); `slow` is then set.
+    pub profile: Option<&'s Profiler>,
     /// Gradients after a backward pass (`None`: none reached the node).
     pub grads: NodeMap<'s, Option<&'s [T]>>,
     /// The side table of [`Scope::grad`](crate::Scope::grad): per node, whether the walk
@@ -217,6 +222,7 @@ pub(crate) struct Nest<'s> {
     pub(crate) scratch: &'s dyn Any,
     pub(crate) par: Par,
     pub(crate) anomaly: bool,
+    pub(crate) profile: Option<&'s Profiler>,
 }
 
 /// A block of ops to checkpoint: its intermediate values are not kept for backward but

@@ -51,6 +51,7 @@ impl<'s, T: Copy + 'static> State<'s, T> {
             custom_scratch: std::mem::take(&mut spare.custom_scratch).recycle(),
             checkpoints: recycle(std::mem::take(&mut spare.checkpoints)),
             nest: None,
+            profile: None,
             grads: NodeMap::from_vec(recycle(std::mem::take(&mut spare.grads))),
             slots: NodeMap::from_vec(recycle(std::mem::take(&mut spare.slots))),
             error: None,

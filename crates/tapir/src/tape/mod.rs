@@ -3,5 +3,6 @@
 pub(crate) mod id;
 pub(crate) mod in_place;
 pub(crate) mod op;
+pub(crate) mod profile;
 #[allow(clippy::module_inception)] // the tape layer's central type, in a file of its own
 pub(crate) mod tape;

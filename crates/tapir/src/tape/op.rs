@@ -37,6 +37,26 @@ macro_rules! op_kinds {
                 }
             }
 
+            /// The kind's row in a table of every kind (the profile's): the unary
+            /// functions in table order, then the binary ones, then the other kinds.
+            #[inline]
+            pub(crate) const fn index(self) -> usize {
+                /// The kinds without a function, numbered in table order.
+                #[repr(u8)]
+                enum Named {
+                    $($kind,)*
+                }
+                const FNS: usize = UnaryFn::ALL.len() + BinaryFn::ALL.len();
+                match self {
+                    OpKind::Unary(f) => f as usize,
+                    OpKind::Binary(f) => UnaryFn::ALL.len() + f as usize,
+                    $(OpKind::$kind => FNS + Named::$kind as usize,)*
+                }
+            }
+
+            /// How many rows [`index`](OpKind::index) numbers.
+            pub(crate) const COUNT: usize = UnaryFn::ALL.len() + BinaryFn::ALL.len() + [$(OpKind::$kind),*].len();
+
             /// Every kind, the elementwise ones once per function.
             pub fn all() -> impl Iterator<Item = OpKind> {
                 UnaryFn::ALL
@@ -389,8 +409,19 @@ impl<'s, T> Op<'s, T> {
 
 #[cfg(test)]
 mod tests {
+    use super::OpKind;
+
     #[test]
     fn variants_stay_small() {
         assert_eq!(std::mem::size_of::<super::Op<'static, f32>>(), 16);
+    }
+
+    #[test]
+    fn every_kind_has_its_own_index() {
+        let mut seen = [false; OpKind::COUNT];
+        for kind in OpKind::all() {
+            assert!(!std::mem::replace(&mut seen[kind.index()], true), "{kind:?} shares an index");
+        }
+        assert!(seen.iter().all(|&s| s), "every index is some kind's");
     }
 }

@@ -214,7 +214,8 @@ fn a_nan_reaches_only_the_rows_that_see_it() {
         let clean = qkv(2, t, c, 11);
         for pos in [1, t / 2, t - 1] {
             for cols in [(0..w).collect::<Vec<_>>(), vec![0], vec![c + 1], vec![2 * c + d]] {
-                let what = format!("t {t}, h {h}, d {d}, NaN at position {pos}, columns {:?}", &cols[..1]);
+                let at = if cols.len() > 1 { "every column".to_string() } else { format!("column {}", cols[0]) };
+                let what = format!("t {t}, h {h}, d {d}, NaN at position {pos}, {at}");
                 let mut data = clean.data().to_vec();
                 for &col in &cols {
                     data[pos * w + col] = f64::NAN;

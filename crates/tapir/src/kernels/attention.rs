@@ -143,7 +143,7 @@ pub(crate) fn weights_backward<T: Float>(
     ds: &mut [T],
 ) {
     let AttnDims { t, h, d, .. } = dims;
-    let (ld, scale) = (3 * dims.c(), dims.scale::<T>());
+    let (c, ld, scale) = (dims.c(), 3 * dims.c(), dims.scale::<T>());
     if t == 0 || h == 0 {
         return;
     }
@@ -177,12 +177,17 @@ pub(crate) fn weights_backward<T: Float>(
         #[inline(always)]
         |b, dseq| {
             let seq = &qkv[b * t * ld..(b + 1) * t * ld];
+            // One scan of the sequence's queries and keys serves every head, and one of
+            // `ds_h` both of its products.
+            let qk_finite = finite_cols(seq, ld, 0..2 * c);
             for hi in 0..h {
                 let at = (b * h + hi) * t * t;
-                let dsh = &ds[at..at + t * t];
-                product(&mut dseq[hi * d..], ld, dsh, t, false, dims.block(seq, 1, hi), ld, false, (t, t, d), true);
-                let c = dims.c();
-                product(&mut dseq[c + hi * d..], ld, dsh, t, true, dims.block(seq, 0, hi), ld, false, (t, t, d), true);
+                let (ds_h, ds_ht) = (Operand::new(&ds[at..], t, false, t, t), Operand::new(&ds[at..], t, true, t, t));
+                let k = Operand::new(dims.block(seq, 1, hi), ld, false, t, d);
+                let q = Operand::new(dims.block(seq, 0, hi), ld, false, t, d);
+                let ds_finite = ds_h.finite();
+                product(&mut dseq[hi * d..], ld, ds_h, k, true, ds_finite && (qk_finite || k.finite()));
+                product(&mut dseq[c + hi * d..], ld, ds_ht, q, true, ds_finite && (qk_finite || q.finite()));
             }
         },
     );
@@ -245,20 +250,25 @@ pub(crate) fn attend<T: Float>(par: Par, dims: AttnDims, p: &[T], qkv: &[T], out
         #[inline(always)]
         |b, ob| {
             let seq = &qkv[b * t * ld..(b + 1) * t * ld];
-            for hi in 0..h {
+            let head = |hi: usize| {
                 let at = (b * h + hi) * t * t;
-                product(
-                    &mut ob[hi * d..],
-                    c,
-                    &p[at..at + t * t],
-                    t,
-                    false,
-                    dims.block(seq, 2, hi),
-                    ld,
-                    false,
-                    (t, t, d),
-                    false,
-                );
+                (Operand::new(&p[at..], t, false, t, t), Operand::new(dims.block(seq, 2, hi), ld, false, t, d))
+            };
+            for hi in 0..h {
+                let (ph, v) = head(hi);
+                gemm(&mut ob[hi * d..], c, ph, v, false);
+            }
+            // A product is finite exactly when none of its terms is NaN or infinite (or it
+            // overflowed), so the output, `T × C` elements against the operands'
+            // `H·T² + T·C`, says whether a strong zero could change it.
+            if all_finite(ob) {
+                return;
+            }
+            for hi in 0..h {
+                let ((ph, v), oh) = (head(hi), &mut ob[hi * d..]);
+                if !Operand::new(&*oh, c, false, t, d).finite() {
+                    product_skipping(oh, c, ph, v, false);
+                }
             }
         },
     );
@@ -278,8 +288,12 @@ pub(crate) fn attend_backward_p<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
         #[inline(always)]
         |b, dpb| {
             let (seq, g) = (&qkv[b * t * ld..(b + 1) * t * ld], &dout[b * t * c..(b + 1) * t * c]);
+            // One scan of the sequence's output gradient and values serves every head.
+            let finite = all_finite(g) && finite_cols(seq, ld, 2 * c..3 * c);
             for (hi, dph) in dpb.chunks_exact_mut(t * t).enumerate() {
-                product(dph, t, &g[hi * d..], c, false, dims.block(seq, 2, hi), ld, true, (t, d, t), true);
+                let (gh, vt) =
+                    (Operand::new(&g[hi * d..], c, false, t, d), Operand::new(dims.block(seq, 2, hi), ld, true, d, t));
+                product(dph, t, gh, vt, true, finite || (gh.finite() && vt.finite()));
             }
         },
     );
@@ -299,27 +313,19 @@ pub(crate) fn attend_backward_v<T: Float>(par: Par, dims: AttnDims, dout: &[T], 
         #[inline(always)]
         |b, dseq| {
             let g = &dout[b * t * c..(b + 1) * t * c];
+            let g_finite = all_finite(g);
             for hi in 0..h {
                 let at = (b * h + hi) * t * t;
-                product(
-                    &mut dseq[2 * c + hi * d..],
-                    ld,
-                    &p[at..at + t * t],
-                    t,
-                    true,
-                    &g[hi * d..],
-                    c,
-                    false,
-                    (t, t, d),
-                    true,
-                );
+                let (pt, gh) = (Operand::new(&p[at..], t, true, t, t), Operand::new(&g[hi * d..], c, false, t, d));
+                product(&mut dseq[2 * c + hi * d..], ld, pt, gh, true, pt.finite() && (g_finite || gh.finite()));
             }
         },
     );
 }
 
-/// A matrix operand of [`product`] as [`Float::gemm_strided`] takes it: `rows × cols` as
-/// used, stored row-major with `ld` elements between row starts, transposed when `t`.
+/// A matrix operand of a product as [`Float::gemm_strided`] takes it: `rows × cols` as
+/// used, stored row-major from the start of `x` with `ld` elements between row starts,
+/// transposed when `t`.
 #[derive(Clone, Copy)]
 struct Operand<'a, T> {
     x: &'a [T],
@@ -329,8 +335,14 @@ struct Operand<'a, T> {
     cols: usize,
 }
 
-impl<T: Float> Operand<'_, T> {
+impl<'a, T: Float> Operand<'a, T> {
+    #[inline(always)]
+    fn new(x: &'a [T], ld: usize, t: bool, rows: usize, cols: usize) -> Self {
+        Operand { x, ld, t, rows, cols }
+    }
+
     /// Rows and columns as stored.
+    #[inline(always)]
     fn stored(&self) -> (usize, usize) {
         if self.t {
             (self.cols, self.rows)
@@ -353,7 +365,7 @@ impl<T: Float> Operand<'_, T> {
     #[inline(always)]
     fn finite(&self) -> bool {
         let (rows, cols) = self.stored();
-        (0..rows).all(|r| self.x[r * self.ld..r * self.ld + cols].iter().fold(true, |ok, v| ok & v.is_finite()))
+        rows == 0 || cols == 0 || finite_cols(&self.x[..(rows - 1) * self.ld + cols], self.ld, 0..cols)
     }
 
     /// `x` up to the matrix's last element, each NaN or infinity replaced by `0`.
@@ -364,30 +376,58 @@ impl<T: Float> Operand<'_, T> {
     }
 }
 
-/// `dst ← op(a)·op(b)` (`+ dst` if `accumulate`), with [`Float::gemm_strided`]'s
-/// arguments and strong zeros: a term `a_il·b_lj` with one factor `0` and the other NaN or
-/// infinite is skipped, not computed as NaN. With finite operands (every call without NaN
-/// or infinity) this is the one faer call, bit for bit.
-#[allow(clippy::too_many_arguments)]
+/// Whether every element of `x` is finite: `v − v` is `0` for a finite `v` and NaN
+/// otherwise. Summed in 32 lanes, the vector adds do not wait on each other: 0.035 ns per
+/// element of a 4096-element `f32` slice, against 0.059 in 8 lanes and 0.067 for a fold of
+/// `is_finite` (built for x86-64-v3, the 2-core machine).
+#[inline(always)]
+fn all_finite<T: Float>(x: &[T]) -> bool {
+    let mut lanes = [T::ZERO; 32];
+    let chunks = x.chunks_exact(32);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v - v;
+        }
+    }
+    // A lane is `0` or NaN, and so is its own `v − v`.
+    lanes.iter().chain(rest).all(|&v| v - v == T::ZERO)
+}
+
+/// Whether columns `cols` of every row of the row-major `x` (rows `ld` apart, the last
+/// one perhaps ending at `cols.end`) are finite: one scan when they are whole rows.
+#[inline(always)]
+fn finite_cols<T: Float>(x: &[T], ld: usize, cols: std::ops::Range<usize>) -> bool {
+    if cols.start == 0 && cols.end == ld {
+        return all_finite(x);
+    }
+    (0..x.len().div_ceil(ld)).all(|r| all_finite(&x[r * ld + cols.start..(r * ld + cols.end).min(x.len())]))
+}
+
+/// `dst ← a·b` (`+ dst` if `accumulate`), `dst` row-major with `ld_dst` between rows: the
+/// one faer call.
+#[inline(always)]
+fn gemm<T: Float>(dst: &mut [T], ld_dst: usize, a: Operand<'_, T>, b: Operand<'_, T>, accumulate: bool) {
+    T::gemm_strided(dst, ld_dst, a.x, a.ld, a.t, b.x, b.ld, b.t, (a.rows, a.cols, b.cols), accumulate);
+}
+
+/// `dst ← a·b` (`+ dst` if `accumulate`) with strong zeros: a term `a_il·b_lj` with one
+/// factor `0` and the other NaN or infinite is skipped, not computed as NaN. `finite`
+/// says that both operands are finite (the caller scans each once); then this is the one
+/// faer call, bit for bit.
 #[inline(always)]
 fn product<T: Float>(
     dst: &mut [T],
     ld_dst: usize,
-    a: &[T],
-    lda: usize,
-    a_t: bool,
-    b: &[T],
-    ldb: usize,
-    b_t: bool,
-    (m, k, n): (usize, usize, usize),
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
     accumulate: bool,
+    finite: bool,
 ) {
-    let oa = Operand { x: a, ld: lda, t: a_t, rows: m, cols: k };
-    let ob = Operand { x: b, ld: ldb, t: b_t, rows: k, cols: n };
-    if m == 0 || k == 0 || n == 0 || (oa.finite() && ob.finite()) {
-        T::gemm_strided(dst, ld_dst, a, lda, a_t, b, ldb, b_t, (m, k, n), accumulate);
+    if finite {
+        gemm(dst, ld_dst, a, b, accumulate);
     } else {
-        product_skipping(dst, ld_dst, oa, ob, (m, k, n), accumulate);
+        product_skipping(dst, ld_dst, a, b, accumulate);
     }
 }
 
@@ -401,19 +441,17 @@ fn product<T: Float>(
 /// copies: a run that meets NaN is not the steady state that the allocation tests watch.
 #[cold]
 #[inline(never)]
-fn product_skipping<T: Float>(
-    dst: &mut [T],
-    ld_dst: usize,
-    a: Operand<'_, T>,
-    b: Operand<'_, T>,
-    (m, k, n): (usize, usize, usize),
-    accumulate: bool,
-) {
+fn product_skipping<T: Float>(dst: &mut [T], ld_dst: usize, a: Operand<'_, T>, b: Operand<'_, T>, accumulate: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || k == 0 || n == 0 {
+        gemm(dst, ld_dst, a, b, accumulate);
+        return;
+    }
     let dst = &mut dst[..(m - 1) * ld_dst + n];
     let (a0, b0) = (a.finite_copy(), b.finite_copy());
     let mut skipped = dst.to_vec();
-    T::gemm_strided(&mut skipped, ld_dst, &a0, a.ld, a.t, &b0, b.ld, b.t, (m, k, n), accumulate);
-    T::gemm_strided(dst, ld_dst, a.x, a.ld, a.t, b.x, b.ld, b.t, (m, k, n), accumulate);
+    gemm(&mut skipped, ld_dst, Operand { x: &a0, ..a }, Operand { x: &b0, ..b }, accumulate);
+    gemm(dst, ld_dst, a, b, accumulate);
     let mut reached = vec![false; m * n];
     for i in 0..m {
         for l in (0..k).filter(|&l| !a.at(i, l).is_finite()) {

@@ -376,9 +376,9 @@ impl<'a, T: Float> Operand<'a, T> {
     }
 }
 
-/// Whether every element of `x` is finite: `v − v` is `0` for a finite `v` and NaN
-/// otherwise. Summed in 32 lanes, the vector adds do not wait on each other: 0.035 ns per
-/// element of a 4096-element `f32` slice, against 0.059 in 8 lanes and 0.067 for a fold of
+/// Whether every element of `x` is finite: `0·v` is `±0` for a finite `v` and NaN
+/// otherwise. Summed in 32 lanes, the vector adds do not wait on each other: 0.028 ns per
+/// element of a 4096-element `f32` slice, against 0.062 in 8 lanes and 0.070 for a fold of
 /// `is_finite` (built for x86-64-v3, the 2-core machine).
 #[inline(always)]
 fn all_finite<T: Float>(x: &[T]) -> bool {
@@ -387,11 +387,11 @@ fn all_finite<T: Float>(x: &[T]) -> bool {
     let rest = chunks.remainder();
     for c in chunks {
         for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += v - v;
+            *l += v * T::ZERO;
         }
     }
-    // A lane is `0` or NaN, and so is its own `v − v`.
-    lanes.iter().chain(rest).all(|&v| v - v == T::ZERO)
+    // A lane is `±0` or NaN, and so is `0` times it.
+    lanes.iter().chain(rest).all(|&v| v * T::ZERO == T::ZERO)
 }
 
 /// Whether columns `cols` of every row of the row-major `x` (rows `ld` apart, the last

@@ -173,6 +173,51 @@ fn later_tokens_leave_earlier_logits_bitwise_unchanged() {
     }
 }
 
+/// Causal attention's NaN policy through the layer (docs/design.md, "NaN policy"): a NaN
+/// in the input at position `t` of sequence 0 leaves every output row before `t` (and all
+/// of sequence 1) with the bits of the run without it, and so does the input's gradient
+/// for a loss that reads only those rows (the masked weights and the rows with a zero
+/// gradient are skipped, not multiplied by the NaN). The parameters' gradients are NaN:
+/// they sum over every position, the NaN one included.
+#[test]
+fn a_nan_input_reaches_only_the_positions_that_see_it() {
+    for (t, c, heads) in [(6, 6, 2), (40, 32, 4)] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let mut store = ParamStore::new();
+        let attn = CausalSelfAttention::new(&mut store, "attn", c, heads, t, Init::LINEAR, &mut rng).unwrap();
+        jitter(&mut store, 0.2, 1);
+        let clean = input(&[2, t, c], 5);
+        let mut graph = Graph::<f64>::new();
+        let mut run = |x: &Tensor<f64>, rows: usize| {
+            graph.scope(|s| {
+                let x = s.leaf(x);
+                let y = attn.forward(Ctx::eval(s, &store), x);
+                let read = y.narrow(1, 0, rows);
+                let dims = read.shape().to_vec();
+                let r: Vec<f64> = (0..read.shape().numel()).map(|i| ((i * 7919) % 13) as f64 / 13.0 - 0.4).collect();
+                s.backward((read * s.tensor(&r, &dims)).sum()).unwrap();
+                (y.value().unwrap().to_vec(), x.grad().unwrap().to_vec())
+            })
+        };
+        for pos in [1, t / 2, t - 1] {
+            for channels in [0..c, 1..2] {
+                let mut data = clean.data().to_vec();
+                data[pos * c..(pos + 1) * c][channels.clone()].fill(f64::NAN);
+                let nan = Tensor::from_vec(data, &[2, t, c]).unwrap();
+                let (v0, g0) = run(&clean, pos);
+                let (v1, g1) = run(&nan, pos);
+                // Positions before `pos` in sequence 0, and all of sequence 1.
+                let unseen = |x: &[f64]| -> Vec<f64> { x[..pos * c].iter().chain(&x[t * c..]).copied().collect() };
+                let same = |a: Vec<f64>, b: Vec<f64>| a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                let what = format!("t {t}, NaN at position {pos}, channels {channels:?}");
+                assert!(same(unseen(&v0), unseen(&v1)), "output, {what}");
+                assert!(v1[pos * c..(pos + 1) * c].iter().all(|v| v.is_nan()), "output at {pos}, {what}");
+                assert!(same(unseen(&g0), unseen(&g1)), "input gradient, {what}");
+            }
+        }
+    }
+}
+
 #[test]
 fn masked_steps_are_finite_under_anomaly_detection_and_dropout_is_off_in_eval() {
     let config = GptConfig { vocab: 13, context: 6, dim: 8, heads: 2, layers: 1 };

@@ -176,3 +176,75 @@ fn bad_shapes_are_typed_errors_naming_the_shapes() {
     assert_eq!(*op, "attend");
     assert!(detail.contains("[1, 2, 3, 2]") && detail.contains("[1, 3, 6]"), "{detail}");
 }
+
+/// Value of `fused(x)` and the gradient of `Σ out[:, ..rows, :] ⊙ r`, a loss that reads
+/// only the first `rows` positions, on one thread.
+fn value_and_grad_of_rows(x: &Tensor<f64>, h: usize, causal: bool, rows: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut g = Graph::<f64>::new();
+    g.set_threads(1);
+    g.scope(|s| {
+        let x = s.leaf(x);
+        let y = fused(x, h, causal);
+        let read = y.narrow(1, 0, rows);
+        let dims = read.shape().to_vec();
+        let r: Vec<f64> = (0..read.shape().numel()).map(|i| ((i * 7919) % 13) as f64 / 13.0 - 0.4).collect();
+        let loss = (read * s.tensor(&r, &dims)).sum();
+        let value = y.value().unwrap().to_vec();
+        s.backward(loss).unwrap();
+        (value, x.grad().unwrap().to_vec())
+    })
+}
+
+fn same_bits(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Causal attention's NaN policy (docs/design.md, "NaN policy"): a NaN at position `t` of
+/// sequence 0 reaches only the rows that see it. A causal row's weight `0` for a later key
+/// is skipped, not multiplied, and so is a row whose output gradient is `0`. So every row
+/// before `t`, and every row of sequence 1, has the bits of the run without the NaN: in
+/// the value, and in the gradient of a loss that reads only the rows before `t` (which is
+/// then finite everywhere); with a loss that reads every row, the queries before `t` still
+/// get the clean gradient. NaN in a whole position or in one column of its query, key or
+/// value block; shapes on both sides of faer's small-product kernel (16³ multiply-adds).
+#[test]
+fn a_nan_reaches_only_the_rows_that_see_it() {
+    for (t, h, d) in [(5, 2, 3), (40, 2, 8), (70, 3, 17)] {
+        let (c, w) = (h * d, 3 * h * d);
+        let clean = qkv(2, t, c, 11);
+        for pos in [1, t / 2, t - 1] {
+            for cols in [(0..w).collect::<Vec<_>>(), vec![0], vec![c + 1], vec![2 * c + d]] {
+                let at = if cols.len() > 1 { "every column".to_string() } else { format!("column {}", cols[0]) };
+                let what = format!("t {t}, h {h}, d {d}, NaN at position {pos}, {at}");
+                let mut data = clean.data().to_vec();
+                for &col in &cols {
+                    data[pos * w + col] = f64::NAN;
+                }
+                let nan = Tensor::from_vec(data, &[2, t, w]).unwrap();
+                // Output rows (`c` wide) and input positions (`w` wide) that cannot see the NaN.
+                let unseen = |x: &[f64], width: usize| -> Vec<f64> {
+                    let (first, second) = x.split_at(t * width);
+                    first[..pos * width].iter().chain(second).copied().collect()
+                };
+                let (v0, g0) = value_and_grad_of_rows(&clean, h, true, pos);
+                let (v1, g1) = value_and_grad_of_rows(&nan, h, true, pos);
+                assert!(same_bits(&unseen(&v0, c), &unseen(&v1, c)), "value, {what}");
+                assert!(v1[pos * c..(pos + 1) * c].iter().any(|v| v.is_nan()), "row {pos} sees the NaN, {what}");
+                assert!(same_bits(&unseen(&g0, w), &unseen(&g1, w)), "gradient, {what}");
+                assert!(g1.iter().all(|v| v.is_finite()), "gradient of the rows before {pos}, {what}");
+                let (_, g0) = value_and_grad_of_rows(&clean, h, true, t);
+                let (_, g1) = value_and_grad_of_rows(&nan, h, true, t);
+                let queries = |g: &[f64]| -> Vec<f64> { (0..pos).flat_map(|i| g[i * w..i * w + c].to_vec()).collect() };
+                assert!(same_bits(&queries(&g0), &queries(&g1)), "query gradient, whole loss, {what}");
+                assert!(same_bits(&g0[t * w..], &g1[t * w..]), "sequence 1's gradient, whole loss, {what}");
+            }
+        }
+        // Without the mask every row sees every key: a NaN value reaches every row.
+        let mut data = clean.data().to_vec();
+        data[(t / 2) * w + 2 * c] = f64::NAN;
+        let nan = Tensor::from_vec(data, &[2, t, w]).unwrap();
+        let (v, _) = value_and_grad_of_rows(&nan, h, false, t);
+        assert!((0..t).all(|i| v[i * c].is_nan()), "not causal, t {t}");
+        assert!(v[t * c..].iter().all(|v| v.is_finite()), "not causal, sequence 1, t {t}");
+    }
+}

@@ -80,3 +80,20 @@ fn smooth_functions_map_nan_to_nan() {
         }
     });
 }
+
+/// A gradient check never passes on a NaN: a loss that is NaN or infinite at the inputs
+/// is `GradcheckError::NonFinite` (docs/design.md, "NaN policy").
+#[test]
+fn gradcheck_refuses_a_non_finite_loss() {
+    use tapir::testing::{gradcheck, gradgradcheck, GradcheckError, GradcheckOptions};
+    let x = Tensor::from_vec(vec![-1.0, 2.0], &[2]).unwrap();
+    let opts = GradcheckOptions::default();
+    // log(−1) is NaN, and 1/0 is infinite.
+    let e = gradcheck(std::slice::from_ref(&x), opts, |_, v| v[0].log()).unwrap_err();
+    assert!(matches!(e, GradcheckError::NonFinite), "{e}");
+    let e = gradgradcheck(std::slice::from_ref(&x), opts, |_, v| v[0].log()).unwrap_err();
+    assert!(matches!(e, GradcheckError::NonFinite), "{e}");
+    let zero = Tensor::from_vec(vec![0.0, 2.0], &[2]).unwrap();
+    let e = gradcheck(&[zero], opts, |_, v| v[0].recip()).unwrap_err();
+    assert!(matches!(e, GradcheckError::NonFinite), "{e}");
+}

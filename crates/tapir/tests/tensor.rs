@@ -14,6 +14,33 @@ fn constructors_check_lengths() {
     assert_eq!(Tensor::<f64>::eye(2).unwrap().data(), &[1.0, 0.0, 0.0, 1.0]);
 }
 
+/// The NaN policy's row for the random and range constructors (docs/design.md): a NaN or
+/// infinite parameter, or an empty range, is `InvalidArgument` naming the constructor,
+/// never a tensor of NaN.
+#[test]
+fn constructors_refuse_non_finite_parameters() {
+    use rand::SeedableRng;
+    let (nan, inf) = (f64::NAN, f64::INFINITY);
+    let rng = &mut rand::rngs::StdRng::seed_from_u64(0);
+    let refused = [
+        ("arange", Tensor::<f64>::arange(nan, 1.0, 0.5).map(|_| ())),
+        ("arange", Tensor::<f64>::arange(0.0, inf, 0.5).map(|_| ())),
+        ("arange", Tensor::<f64>::arange(0.0, 1.0, nan).map(|_| ())),
+        ("normal", Tensor::<f64>::normal(&[2], nan, 1.0, rng).map(|_| ())),
+        ("normal", Tensor::<f64>::normal(&[2], 0.0, inf, rng).map(|_| ())),
+        ("normal", Tensor::<f64>::normal(&[2], 0.0, -1.0, rng).map(|_| ())),
+        ("uniform", Tensor::<f64>::uniform(&[2], nan, 1.0, rng).map(|_| ())),
+        ("uniform", Tensor::<f64>::uniform(&[2], 0.0, -inf, rng).map(|_| ())),
+        ("uniform", Tensor::<f32>::uniform(&[2], 0.0, f32::INFINITY, rng).map(|_| ())),
+    ];
+    for (i, (name, r)) in refused.into_iter().enumerate() {
+        let e = r.expect_err(name);
+        assert!(matches!(e, Error::InvalidArgument { op, .. } if op == name), "case {i}: {e}");
+    }
+    // Data may hold NaN: `full` and `from_vec` store what they are given.
+    assert!(Tensor::<f64>::full(&[2], nan).unwrap().data().iter().all(|v| v.is_nan()));
+}
+
 #[test]
 fn eager_ops_agree_with_the_graph() {
     // The same kernels and scalar functions: results must be bitwise equal.

@@ -14,7 +14,10 @@
 //! (no head split, transpose, mask or merge is materialised) and whose gradients and
 //! recorded derivatives are the engine's. Masked positions never enter the softmax: their
 //! probability is exactly `0`, and no value or gradient anywhere is infinite or NaN, so
-//! anomaly detection stays usable.
+//! anomaly detection stays usable. A NaN in the input at position `t` reaches only the
+//! positions `≥ t`: the engine skips the masked weights rather than multiplying them by
+//! it (`docs/design.md`, "NaN policy"). The parameters' gradients, which sum over every
+//! position, are NaN.
 
 use rand::Rng;
 use tapir::{Float, ParamStore, Var};

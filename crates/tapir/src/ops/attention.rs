@@ -15,6 +15,11 @@
 //! never enter the softmax, so no value or gradient is infinite or NaN and anomaly
 //! detection stays usable. Dropout on the weights goes between the two nodes.
 //!
+//! NaN: the kernels skip a term with a factor exactly `0` and the other NaN or infinite
+//! (strong zeros), so a masked weight never multiplies a later position's value, and a
+//! NaN at position `t` reaches only the rows `≥ t` (docs/design.md, "NaN policy"). The
+//! recorded derivatives below are ordinary ops and follow IEEE arithmetic.
+//!
 //! Backward, with `dp = ∂L/∂p`, `s = √D`:
 //! `ds = p ⊙ (dp − Σ_j dp ⊙ p) / s` (zero where `p` is), `dq_h += ds · k_h`,
 //! `dk_h += dsᵀ · q_h`; and for `attend`, with `g = ∂L/∂out` split into heads,

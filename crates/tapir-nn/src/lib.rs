@@ -53,6 +53,9 @@ pub mod init;
 pub mod io;
 pub mod layer;
 pub mod optim;
+// The f32 and f64 instances that dependent crates link to (dev profile only).
+#[cfg(all(debug_assertions, not(test)))]
+mod mono;
 
 pub use functional::{flat_len, flatten_params, unflatten_params};
 pub use init::Init;

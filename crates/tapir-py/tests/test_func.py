@@ -198,7 +198,10 @@ def test_a_jacobian_past_the_arena_limit_raises_and_the_graph_recovers():
     x = np.linspace(-1.0, 1.0, 64)
     with pytest.raises(tapir.ArenaLimitError) as e:
         tapir.func.jacobian(lambda s, x: (x.reshape(64, 1) * x.reshape(1, 64)).reshape(4096), x, graph=g)
-    assert "arena" in str(e.value)
+    # The transform's name first, then the failing call's; the location is this file's line.
+    message = str(e.value)
+    assert message.startswith("jacobian: "), message
+    assert "arena" in message and f"(at {__file__}:" in message, message
     np.testing.assert_allclose(tapir.func.grad(lambda s, x: (x * x).sum(), x, graph=g), 2 * x)
 
 

@@ -566,6 +566,7 @@ ELSEWHERE = {
     "Graph": "test_op_float64",
     "Scope": "test_op_float64",
     "Var": "test_op_float64",
+    "NoGrad": "test_no_grad::test_no_grad_computes_values_without_gradients",
     "ParamStore": "test_io::test_to_bytes_is_read_by_safetensors",
     "Tensor": "test_tensor::test_tensor_copies_an_array_once_and_keeps_its_dtype",
     "func": "test_func::test_grad_of_sum_of_squares",

@@ -36,6 +36,7 @@ const CORE_LAYERS: Layers<'static> = &[
     ("graph", 6),
     ("func.rs", 6),
     ("testing.rs", 6),
+    ("mono.rs", 6),
     ("lib.rs", 6),
 ];
 

@@ -56,6 +56,9 @@ mod engine;
 pub mod func;
 mod graph;
 pub mod testing;
+// The f32 and f64 instances that dependent crates link to (dev profile only).
+#[cfg(all(debug_assertions, not(test)))]
+mod mono;
 
 pub use dtype::Float;
 pub use error::{Error, ErrorClass, Loc, Result};

@@ -30,13 +30,14 @@ from ._errors import (
     TapirMemoryError,
     UnsupportedError,
 )
-from ._tapir import Graph, GradBuffer, Optimizer, ParamStore, Scope, Tensor, Var, init_threads
+from ._tapir import Graph, GradBuffer, NoGrad, Optimizer, ParamStore, Scope, Tensor, Var, init_threads
 from . import func, nn, optim
 
 __all__ = [
     "Graph",
     "Scope",
     "Var",
+    "NoGrad",
     "Tensor",
     "ParamStore",
     "GradBuffer",

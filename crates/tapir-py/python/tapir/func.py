@@ -99,13 +99,25 @@ def _empty(op: str, shape: tuple, dtype: str) -> np.ndarray:
         ) from None
 
 
-def _rows(s: "_tapir.Scope", ys: "_tapir.Var", x: "_tapir.Var", out: np.ndarray) -> np.ndarray:
+def _grad(op: str, s: "_tapir.Scope", y: "_tapir.Var", xs: list) -> list:
+    """`s.grad(y, xs)`, an error of which names the transform first: `hvp: grad: ...`,
+    so that a message says which call of the user's failed (its location is already the
+    user's line)."""
+    try:
+        return s.grad(y, xs)
+    except _errors.TapirError as e:
+        if str(e).startswith(f"{op}:"):
+            raise
+        raise type(e)(f"{op}: {e}") from None
+
+
+def _rows(op: str, s: "_tapir.Scope", ys: "_tapir.Var", x: "_tapir.Var", out: np.ndarray) -> np.ndarray:
     """Fills `out` (`ys`'s elements × `x`'s) with one recorded gradient per element of `ys`."""
     m, n = math.prod(ys.shape), math.prod(x.shape)
     rows = out.reshape(m, n)
     flat = ys.reshape(m)
     for i in range(m):
-        [row] = s.grad(flat[i], [x])
+        [row] = _grad(op, s, flat[i], [x])
         rows[i] = row.numpy().reshape(n)
     return out
 
@@ -116,7 +128,7 @@ def _value_and_grad(op: str, f: _Function, x: typing.Any, graph: "_tapir.Graph |
         xv = s.leaf(x)
         y = _record(op, f, s, xv)
         _one_element(op, y)
-        [dx] = s.grad(y, [xv])
+        [dx] = _grad(op, s, y, [xv])
         return y.item(), dx.numpy()
 
 
@@ -142,8 +154,8 @@ def hvp(f: _Function, x: typing.Any, v: typing.Any, *, graph: "_tapir.Graph | No
         _same_shape("hvp", xv, vv)
         y = _record("hvp", f, s, xv)
         _one_element("hvp", y)
-        [dx] = s.grad(y, [xv])
-        [hv] = s.grad((dx * vv).sum(), [xv])
+        [dx] = _grad("hvp", s, y, [xv])
+        [hv] = _grad("hvp", s, (dx * vv).sum(), [xv])
         return hv.numpy()
 
 
@@ -161,8 +173,8 @@ def jvp(
         y = _record("jvp", f, s, xv)
         # Any value of u works (the product is linear in it); it must request a gradient.
         u = s.leaf(np.zeros(y.shape, g.dtype))
-        [ut_j] = s.grad((y * u).sum(), [xv])
-        [jv] = s.grad((ut_j * vv).sum(), [u])
+        [ut_j] = _grad("jvp", s, (y * u).sum(), [xv])
+        [jv] = _grad("jvp", s, (ut_j * vv).sum(), [u])
         return y.numpy(), jv.numpy()
 
 
@@ -175,7 +187,7 @@ def jacobian(f: _Function, x: typing.Any, *, graph: "_tapir.Graph | None" = None
         xv = s.leaf(x)
         y = _record("jacobian", f, s, xv)
         out = _empty("jacobian", tuple(y.shape) + tuple(xv.shape), g.dtype)
-        return _rows(s, y, xv, out)
+        return _rows("jacobian", s, y, xv, out)
 
 
 def hessian(f: _Function, x: typing.Any, *, graph: "_tapir.Graph | None" = None) -> np.ndarray:
@@ -188,5 +200,5 @@ def hessian(f: _Function, x: typing.Any, *, graph: "_tapir.Graph | None" = None)
         y = _record("hessian", f, s, xv)
         _one_element("hessian", y)
         out = _empty("hessian", tuple(xv.shape) * 2, g.dtype)
-        [dx] = s.grad(y, [xv])
-        return _rows(s, dx, xv, out)
+        [dx] = _grad("hessian", s, y, [xv])
+        return _rows("hessian", s, dx, xv, out)

@@ -74,12 +74,12 @@ compare-setup TORCH_INDEX="":
     benches/compare/.venv/bin/pip install jax==0.10.2 jaxlib==0.10.2
     benches/compare/.venv/bin/pip install safetensors==0.8.0 numpy==2.4.6
 
-# Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET are only read.
+# Crashes go to fuzz/artifacts/TARGET; the checked-in seeds in fuzz/corpus/TARGET (if any) are only read.
 # Fuzz TARGET for SECONDS (nightly, `cargo install --locked cargo-fuzz`); prints executions and coverage.
 # The bodies are in crates/tapir-testing; fuzz/TARGET.dict, if present, is passed as a dictionary.
 fuzz TARGET="tape_program" SECONDS="60":
     mkdir -p target/fuzz-corpus/{{TARGET}}
-    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} corpus/{{TARGET}} -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1 $(test -f {{TARGET}}.dict && echo -dict={{TARGET}}.dict)
+    cd fuzz && cargo +nightly fuzz run {{TARGET}} ../target/fuzz-corpus/{{TARGET}} $(test -d corpus/{{TARGET}} && echo corpus/{{TARGET}}) -- -max_total_time={{SECONDS}} -timeout=10 -print_final_stats=1 $(test -f {{TARGET}}.dict && echo -dict={{TARGET}}.dict)
 
 # Valgrind (demo at size 128: GEMM under valgrind is slow) and the 10,000-step memory test: no lost byte.
 leakcheck:

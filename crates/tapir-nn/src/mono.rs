@@ -29,7 +29,7 @@ fn exercise<T: Float>() -> tapir::Result<()> {
     let mut rng = StdRng::seed_from_u64(0);
     let mut store = ParamStore::<T>::new();
     let linear = Linear::new(&mut store, "l", 2, 2, &mut rng)?;
-    let mlp: Mlp = Mlp::builder(2).hidden(2).output(2).build(&mut store, "m", &mut rng)?;
+    let mlp = Mlp::builder(2).hidden(2).output(2).build(&mut store, "m", &mut rng)?;
     let conv = Conv2d::new(&mut store, "c", 1, 1, [1, 1], &mut rng)?;
     let norm = LayerNorm::new(&mut store, "n", 2)?;
     let embed = Embedding::new(&mut store, "e", 2, 2, &mut rng)?;

@@ -287,6 +287,7 @@ mod tests {
         assert!(tanh.forward >= Duration::from_millis(2) && tanh.gemm >= Duration::from_millis(2));
         assert!(block.backward >= Duration::from_millis(1) && block.gemm == Duration::ZERO);
         assert_eq!(report.total(), p.charged());
-        assert_eq!(report.ops[0].op, "tanh", "most time first");
+        // Which op took longer depends on the machine's load; the order must follow the times.
+        assert!(report.ops.windows(2).all(|w| w[0].total() >= w[1].total()), "most time first");
     }
 }

@@ -168,6 +168,20 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// A tangent (forward mode, [`Scope::forward`](crate::Scope::forward)) reached a custom
+    /// op that provides no forward rule ([`CustomOp::jvp`](crate::CustomOp::jvp)). Every
+    /// built-in op has one.
+    #[error("{op}: a tangent (forward mode) through custom op `{custom}` (input shapes {inputs}) needs CustomOp::jvp, which the op does not provide (op recorded at {location})", inputs = list(inputs))]
+    ForwardUnsupported {
+        /// The transform (`jvp`).
+        op: &'static str,
+        /// The custom op's name.
+        custom: &'static str,
+        /// Its inputs' shapes.
+        inputs: Vec<Shape>,
+        /// Where the custom op was recorded.
+        location: Loc,
+    },
     /// The arena's byte limit would be exceeded.
     #[error(
         "{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})"
@@ -352,7 +366,7 @@ impl Error {
             | Error::NoGradient { .. }
             | Error::SeedLength { .. }
             | Error::BackwardTwice { .. } => ErrorClass::Gradient,
-            Error::SecondOrderUnsupported { .. } => ErrorClass::Unsupported,
+            Error::SecondOrderUnsupported { .. } | Error::ForwardUnsupported { .. } => ErrorClass::Unsupported,
             Error::ArenaLimit { .. } => ErrorClass::ArenaLimit,
             Error::OutOfMemory { .. } | Error::TensorOutOfMemory { .. } | Error::TapeFull { .. } => ErrorClass::Memory,
             Error::WrongStore { .. } | Error::UnknownParam { .. } => ErrorClass::Param,
@@ -389,6 +403,7 @@ impl Error {
             | Error::CustomOp { op, .. }
             | Error::Callback { op, .. }
             | Error::SecondOrderUnsupported { op, .. }
+            | Error::ForwardUnsupported { op, .. }
             | Error::Io { op, .. } => op,
         }
     }
@@ -419,7 +434,8 @@ impl Error {
             | Error::UnknownParam { location, .. }
             | Error::CustomOp { location, .. }
             | Error::Callback { location, .. }
-            | Error::SecondOrderUnsupported { location, .. } => Some(location),
+            | Error::SecondOrderUnsupported { location, .. }
+            | Error::ForwardUnsupported { location, .. } => Some(location),
         }
     }
 }

@@ -62,6 +62,7 @@ mod mono;
 
 pub use dtype::Float;
 pub use error::{Error, ErrorClass, Loc, Result};
+pub use graph::forward::Level;
 pub use graph::graph::{Graph, GraphStats};
 pub use graph::report::{MemoryReport, OpMemory};
 pub use graph::session::Session;

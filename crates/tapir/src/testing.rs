@@ -59,6 +59,19 @@ pub enum GradcheckError {
         /// From central differences.
         numeric: f64,
     },
+    /// An element of the forward-mode tangent ([`jvpcheck`]) disagrees with finite
+    /// differences along the tangent, or with the reverse-mode Jacobian-vector product.
+    #[error("jvpcheck: output element {index}: forward mode {analytic:e} vs {against} {expected:e}")]
+    TangentMismatch {
+        /// Which element of the output (row-major).
+        index: usize,
+        /// From forward mode.
+        analytic: f64,
+        /// What it was compared with: `"central differences"` or `"reverse mode"`.
+        against: &'static str,
+        /// That value.
+        expected: f64,
+    },
     /// The function returned a handle that does not depend on the inputs' values in a
     /// finite way (its value is NaN or infinite).
     #[error("gradcheck: the output is not finite")]
@@ -224,6 +237,93 @@ where
             report.max_abs_err = report.max_abs_err.max(err);
             report.checked += 1;
         }
+    }
+    Ok(report)
+}
+
+/// Checks `f`'s forward mode: the tangent of its output ([`Scope::forward`], with a fixed
+/// random tangent `v` seeded on every input) against central differences along `v`,
+/// `(f(x + h·v) − f(x − h·v))/2h`, and against the Jacobian-vector product of reverse mode
+/// (the double-vjp trick: `∂⟨uᵀJ, v⟩/∂u` with a dummy cotangent `u`, through
+/// [`Scope::vjp`] and [`Scope::grad`], which share no code with the tangent rules). The
+/// step is `h·max(1, max |x|)`; tolerances are [`GradcheckOptions`]'s, for both comparisons.
+///
+/// ```
+/// use tapir::testing::{jvpcheck, GradcheckOptions};
+/// let a = tapir::Tensor::<f64>::from_vec(vec![0.3, -1.2, 2.0, 0.5], &[2, 2]).unwrap();
+/// let report = jvpcheck(&[a.clone(), a], GradcheckOptions::default(), |_, v| v[0].matmul(v[1]).tanh()).unwrap();
+/// assert_eq!(report.checked, 4);
+/// ```
+///
+/// # Errors
+/// [`GradcheckError`] on the first disagreement or failure.
+pub fn jvpcheck<F>(inputs: &[Tensor<f64>], opts: GradcheckOptions, f: F) -> Result<GradcheckReport, GradcheckError>
+where
+    F: for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &[Var<'s, f64>]) -> Var<'s, f64>,
+{
+    let (op, location) = ("jvpcheck", std::panic::Location::caller());
+    let mut graph = Graph::<f64>::new();
+    graph.set_threads(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x0f0a_7d00);
+    let v = inputs.iter().map(|t| drawn(op, t.shape(), &mut rng, location)).collect::<Result<Vec<_>, Error>>()?;
+    let tangents: Vec<Tensor<f64>> =
+        v.iter().zip(inputs).map(|(v, t)| Tensor::copy_at(op, t.shape(), v, location)).collect::<Result<_, Error>>()?;
+    let forward = graph.scope(|s| -> Result<Vec<f64>, GradcheckError> {
+        s.forward(|level| {
+            let vars: Vec<_> =
+                inputs.iter().zip(&tangents).map(|(x, t)| s.dual(level, s.leaf(x), s.input(t))).collect();
+            let y = f(s, &vars);
+            if !y.value()?.iter().all(|v| v.is_finite()) {
+                return Err(GradcheckError::NonFinite);
+            }
+            let t = s.tangent(level, y);
+            Ok(copied(op, y.shape(), Some(t.value()?), location)?)
+        })
+    })?;
+    let reverse = graph.scope(|s| -> Result<Vec<f64>, GradcheckError> {
+        let vars: Vec<_> = inputs.iter().map(|t| s.leaf(t)).collect();
+        let y = f(s, &vars);
+        let dims = y.shape().to_vec();
+        let u = s.zeros(&dims).with_grad();
+        let mut ut_j = vec![u; vars.len()];
+        s.vjp_into(y, u, &vars, &mut ut_j)?;
+        let mut dot = s.scalar(0.0);
+        for (g, t) in ut_j.iter().zip(&tangents) {
+            dot = dot + (*g * s.input(t)).sum();
+        }
+        let [jv] = s.grad(dot.sum(), [u])?;
+        Ok(copied(op, jv.shape(), Some(jv.value()?), location)?)
+    })?;
+    let scale = inputs.iter().flat_map(|t| t.data()).fold(1.0f64, |m, x| m.max(x.abs()));
+    let h = opts.h * scale;
+    let mut eval = |sign: f64| -> Result<Vec<f64>, GradcheckError> {
+        let moved: Vec<Tensor<f64>> = inputs
+            .iter()
+            .zip(&v)
+            .map(|(x, v)| {
+                let data: Vec<f64> = x.data().iter().zip(v).map(|(x, v)| x + sign * h * v).collect();
+                Tensor::copy_at(op, x.shape(), &data, location)
+            })
+            .collect::<Result<_, Error>>()?;
+        let moved = &moved;
+        Ok(graph.scope(|s| {
+            let vars: Vec<_> = moved.iter().map(|t| s.input(t)).collect();
+            f(s, &vars).value().map(|v| v.to_vec())
+        })?)
+    };
+    let (plus, minus) = (eval(1.0)?, eval(-1.0)?);
+    let mut report = GradcheckReport { checked: 0, max_abs_err: 0.0 };
+    for (index, &a) in forward.iter().enumerate() {
+        let numeric = (plus[index] - minus[index]) / (2.0 * h);
+        for (against, expected) in [("central differences", numeric), ("reverse mode", reverse[index])] {
+            let err = (a - expected).abs();
+            // Written so that a NaN on either side fails the check.
+            if !(err <= opts.atol + opts.rtol * a.abs().max(expected.abs())) {
+                return Err(GradcheckError::TangentMismatch { index, analytic: a, against, expected });
+            }
+            report.max_abs_err = report.max_abs_err.max(err);
+        }
+        report.checked += 1;
     }
     Ok(report)
 }

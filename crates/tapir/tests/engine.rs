@@ -14,6 +14,7 @@ mod custom;
 mod custom_slots;
 mod deep;
 mod errors;
+mod forward;
 mod gradients;
 mod hand_worked;
 mod names;

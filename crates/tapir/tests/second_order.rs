@@ -5,9 +5,9 @@
 use tapir::testing::{gradcheck, gradgradcheck, GradcheckOptions};
 use tapir::{BinaryFn, CustomError, CustomInputs, CustomOp, Error, Graph, OpKind, Scope, Shape, Tensor, UnaryFn, Var};
 
-/// `y = 2x`, with a recorded derivative when `hook` is set.
-struct Double {
-    hook: bool,
+/// `y = 2x`, with a recorded derivative and a forward rule when `hook` is set.
+pub(crate) struct Double {
+    pub(crate) hook: bool,
 }
 
 impl CustomOp<f64> for Double {
@@ -46,6 +46,18 @@ impl CustomOp<f64> for Double {
         }
         self.hook
     }
+    fn jvp<'s>(
+        &self,
+        _: &[Var<'s, f64>],
+        _: Var<'s, f64>,
+        tangents: &[Option<Var<'s, f64>>],
+        tangent: &mut Option<Var<'s, f64>>,
+    ) -> bool {
+        if self.hook {
+            *tangent = tangents[0].map(|t| t * 2.0);
+        }
+        self.hook
+    }
 }
 
 /// The example block of [`OpKind::Checkpoint`]: `exp(tanh(x ⊙ y) · w)`, every input used.
@@ -55,7 +67,7 @@ fn checkpointed<'c>(_: &'c Scope<'c, '_, f64>, v: &[Var<'c, f64>]) -> Var<'c, f6
 
 /// The leaves every example reads: `x`, `y: [2, 3]` in (0.1, 0.9), apart from each other
 /// and from every kink and tie; `w: [3, 2]`; `img: [1, 1, 4, 4]` with distinct values.
-fn inputs() -> Vec<Tensor<f64>> {
+pub(crate) fn inputs() -> Vec<Tensor<f64>> {
     vec![
         Tensor::from_vec(vec![0.21, 0.33, 0.42, 0.51, 0.64, 0.87], &[2, 3]).unwrap(),
         Tensor::from_vec(vec![0.72, 0.28, 0.13, 0.79, 0.57, 0.46], &[2, 3]).unwrap(),
@@ -65,7 +77,7 @@ fn inputs() -> Vec<Tensor<f64>> {
 }
 
 /// One op of `kind` (the last node recorded) on the leaves `v = [x, y, w, img]`.
-fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> Var<'s, f64> {
+pub(crate) fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> Var<'s, f64> {
     let (x, y, w, img) = (v[0], v[1], v[2], v[3]);
     let mask = || s.tensor(&[1.0, 0.0, 1.0, 0.0, 1.0, 0.0], &[2, 3]);
     match kind {
@@ -142,7 +154,7 @@ fn example<'s>(s: &'s Scope<'s, '_, f64>, v: &[Var<'s, f64>], kind: OpKind) -> V
     }
 }
 
-fn is_leaf(kind: OpKind) -> bool {
+pub(crate) fn is_leaf(kind: OpKind) -> bool {
     matches!(kind, OpKind::Leaf | OpKind::Variable | OpKind::Param)
 }
 

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use crate::dtype::Float;
 use crate::error::{Error, Loc, Result};
 use crate::kernels;
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
 use crate::record::custom_op::{CustomError, CustomInputs, CustomScratch};
 use crate::record::handles::{CustomEntry, CustomOp, Scope, Var};
 use crate::shape::Shape;
@@ -497,4 +497,44 @@ pub(crate) fn grad<'s, T: Float>(
         }
     }
     Ok(())
+}
+
+/// A custom op's tangent, from [`CustomOp::jvp`]: the inputs' tangents at the level (`None`
+/// for zero) in, the output's out, checked to have the output's shape.
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    table: u32,
+    first: u32,
+    count: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let entry = ctx.core.tape.borrow().custom[table as usize];
+    let inputs: Vec<Var<'s, T>> = (0..count).map(|k| ctx.var(ctx.stored_id(first, k))).collect();
+    let tangents: Vec<Option<Var<'s, T>>> = inputs.iter().map(|x| ctx.tangent(x.id)).collect();
+    let y = ctx.var(out);
+    let mut tangent = None;
+    let provided =
+        guarded(entry.name, "jvp", entry.location, || Ok(entry.op.jvp(&inputs, y, &tangents, &mut tangent)))?;
+    if !provided {
+        return Err(Error::ForwardUnsupported {
+            op: "jvp",
+            custom: entry.name,
+            inputs: inputs.iter().map(|x| x.shape()).collect(),
+            location: entry.location,
+        });
+    }
+    match tangent {
+        Some(t) if ctx.core.tape.borrow().error.is_none() && t.shape() != y.shape() => Err(Error::CustomOp {
+            op: entry.name,
+            phase: "jvp",
+            detail: format!(
+                "returned a tangent of shape {} for an output of shape {}; it must have the output's shape",
+                t.shape(),
+                y.shape()
+            ),
+            location: entry.location,
+        }),
+        t => Ok(t),
+    }
 }

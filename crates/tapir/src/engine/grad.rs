@@ -277,7 +277,7 @@ impl<T: Float> EngineGrad<T> for RecordedWalk {
     /// seeded with `g` at the recomputed output.
     #[track_caller]
     fn checkpoint<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()> {
-        let Some((before, last)) = checkpoint::grad(ctx, out, op)? else { return Ok(()) };
+        let Some((before, last)) = checkpoint::recompute(ctx.scope, ctx.core, out, op)? else { return Ok(()) };
         ctx.slots.resize_with(last.index() + 1, Default::default);
         ctx.mark(ctx.core.tape.borrow().ids_after(before, last));
         if ctx.slots[last].needed {

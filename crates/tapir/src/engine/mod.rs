@@ -7,4 +7,5 @@ pub(crate) mod backward;
 pub(crate) mod checkpoint;
 pub(crate) mod custom;
 pub(crate) mod grad;
+pub(crate) mod jvp;
 pub(crate) mod nest;

@@ -1,6 +1,7 @@
 //! Layer 6, the public API: [`Graph`](graph::Graph) and its scopes, the handles' accessors,
 //! and the memory report.
 
+pub(crate) mod forward;
 #[allow(clippy::module_inception)] // the API's central type, in a file of its own
 pub(crate) mod graph;
 pub(crate) mod report;

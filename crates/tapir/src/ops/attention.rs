@@ -30,7 +30,7 @@
 use crate::dtype::Float;
 use crate::error::Result;
 use crate::kernels::attention::{self as kattn, AttnDims};
-use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::ctx::{plus, BackwardCtx, GradCtx, JvpCtx};
 use crate::record::handles::Var;
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
@@ -204,4 +204,37 @@ pub(crate) fn grad_attend<'s, T: Float>(
         ctx.add(qkv, merge(ctx.var(p).t().matmul(gh), d, 2));
     }
     Ok(())
+}
+
+/// Forward rule of `attention_weights`: `ts = (tq·kᵀ + q·tkᵀ)/√D` per head, then the
+/// softmax's `tp = p ⊙ (ts − Σ_j p ⊙ ts)` (masked weights are 0, so their tangent is too).
+#[track_caller]
+pub(crate) fn jvp_weights<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    qkv: NodeId<'s>,
+    heads: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(qkv) else { return Ok(None) };
+    let d = dims_of(ctx.shape(qkv), heads as usize).expect("checked when attention_weights was recorded");
+    let (x, p) = (ctx.var(qkv), ctx.var(out));
+    let (q, k, tq, tk) = (split(x, d, 0), split(x, d, 1), split(t, d, 0), split(t, d, 1));
+    let ts = (tq.matmul(k.t()) + q.matmul(tk.t())).mul_scalar(d.scale::<T>());
+    Ok(Some(p * (ts - (p * ts).sum_axes(&[-1], true))))
+}
+
+/// Forward rule of `attend`: `tp_h·v_h + p_h·tv_h`, laid out as the output.
+#[track_caller]
+pub(crate) fn jvp_attend<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    p: NodeId<'s>,
+    qkv: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    let heads = ctx.shape(p).dim(1);
+    let d = dims_of(ctx.shape(qkv), heads).expect("checked when attend was recorded");
+    let (vp, v) = (ctx.var(p), split(ctx.var(qkv), d, 2));
+    let per_head = plus(ctx.tangent(p).map(|t| t.matmul(v)), ctx.tangent(qkv).map(|t| vp.matmul(split(t, d, 2))));
+    let so = ctx.shape(out);
+    Ok(per_head.map(|t| t.permute(&[0, 2, 1, 3]).reshape(&so.to_array()[..so.rank()])))
 }

@@ -27,8 +27,8 @@ use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::binary_fn::BinaryFn;
 use crate::kernels::{self, par, PairMap};
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
-use crate::record::handles::Var;
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::handles::{Core, Var};
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -232,112 +232,109 @@ pub(crate) fn grad<'s, T: Float>(
     a: NodeId<'s>,
     b: NodeId<'s>,
 ) -> Result<()> {
-    let (va, vb, y) = (ctx.var(a), ctx.var(b), ctx.var(out));
-    let (wa, wb) = (ctx.wants(a), ctx.wants(b));
-    let (sa, sb, so) = (ctx.shape(a), ctx.shape(b), ctx.shape(out));
-    // A constant of `out`'s shape computed from `a` and `b` elementwise.
-    let mask = |ctx: &GradCtx<'_, 's, T>, m: fn(T, T) -> T| {
-        ctx.constant(so, |tape, out| kernels::binary((tape.value(a), &sa), (tape.value(b), &sb), (out, &so), m))
-    };
-    match f {
-        BinaryFn::Add => {
-            if wa {
-                ctx.add_reduced(a, g);
-            }
-            if wb {
-                ctx.add_reduced(b, g);
-            }
-        }
-        BinaryFn::Sub => {
-            if wa {
-                ctx.add_reduced(a, g);
-            }
-            if wb {
-                ctx.add_reduced(b, -g);
-            }
-        }
-        BinaryFn::Mul => {
-            if wa {
-                ctx.add_reduced(a, g * vb);
-            }
-            if wb {
-                ctx.add_reduced(b, g * va);
-            }
-        }
-        BinaryFn::Div => {
-            if wa {
-                ctx.add_reduced(a, g / vb);
-            }
-            if wb {
-                ctx.add_reduced(b, -(g * va / vb.square()));
-            }
-        }
-        BinaryFn::Pow => {
-            if wa {
-                // b·a^(b−1), 0 where b = 0.
-                let nonzero = mask(ctx, |_, b| if b == T::ZERO { T::ZERO } else { T::ONE });
-                ctx.add_reduced(a, g * vb * va.pow(vb.add_scalar(-T::ONE)) * nonzero);
-            }
-            if wb {
-                // a^b·ln a where a > 0, else 0; ln reads a where a > 0 and 1 elsewhere, so
-                // that nothing infinite meets the mask's zeros.
-                let pos = mask(ctx, |a, _| if a > T::ZERO { T::ONE } else { T::ZERO });
-                let safe = va * pos - pos.add_scalar(-T::ONE);
-                ctx.add_reduced(b, g * y * safe.log() * pos);
-            }
-        }
-        BinaryFn::Maximum | BinaryFn::Minimum => {
-            let max = f == BinaryFn::Maximum;
-            // The table's `da` and `db` with dout = 1.
-            if wa {
-                let m = if max {
-                    mask(ctx, |a, b| {
-                        if a == b {
-                            T::from_f64(0.5)
-                        } else if a < b {
-                            T::ZERO
-                        } else {
-                            T::ONE
-                        }
-                    })
-                } else {
-                    mask(ctx, |a, b| {
-                        if a == b {
-                            T::from_f64(0.5)
-                        } else if a > b {
-                            T::ZERO
-                        } else {
-                            T::ONE
-                        }
-                    })
-                };
-                ctx.add_reduced(a, g * m);
-            }
-            if wb {
-                let m = if max {
-                    mask(ctx, |a, b| {
-                        if a == b {
-                            T::from_f64(0.5)
-                        } else if a > b {
-                            T::ZERO
-                        } else {
-                            T::ONE
-                        }
-                    })
-                } else {
-                    mask(ctx, |a, b| {
-                        if a == b {
-                            T::from_f64(0.5)
-                        } else if a < b {
-                            T::ZERO
-                        } else {
-                            T::ONE
-                        }
-                    })
-                };
-                ctx.add_reduced(b, g * m);
-            }
+    for (input, side) in [(a, Side::A), (b, Side::B)] {
+        if ctx.wants(input) {
+            let d = partial(ctx.core, "grad", f, side, g, (a, b, out));
+            ctx.add_reduced(input, d);
         }
     }
     Ok(())
+}
+
+/// Forward rule: `t = ∂f/∂a ⊙ ta + ∂f/∂b ⊙ tb`, broadcast to the output's shape.
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    f: BinaryFn,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    let mut sum: Option<Var<'s, T>> = None;
+    for (input, side) in [(a, Side::A), (b, Side::B)] {
+        if let Some(t) = ctx.tangent(input) {
+            let d = partial(ctx.core, "jvp", f, side, t, (a, b, out));
+            sum = Some(match sum {
+                Some(s) => s + d,
+                None => d,
+            });
+        }
+    }
+    let so = ctx.shape(out);
+    Ok(sum.map(|t| if t.shape() == so { t } else { t.broadcast_to(&so.to_array()[..so.rank()]) }))
+}
+
+/// Which operand a partial derivative is taken with respect to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
+/// `g ⊙ ∂f/∂side` (at `a`, `b`, with output `out`), in the broadcast shape of `g` and the
+/// operands, as recorded ops: `g` is the output's gradient (reverse) or the operand's
+/// tangent (forward), the Jacobian being diagonal after broadcasting.
+/// Constants (masks) are recorded under `name`.
+#[track_caller]
+fn partial<'s, T: Float>(
+    core: &'s Core<'s, T>,
+    name: &'static str,
+    f: BinaryFn,
+    side: Side,
+    g: Var<'s, T>,
+    (a, b, out): (NodeId<'s>, NodeId<'s>, NodeId<'s>),
+) -> Var<'s, T> {
+    let var = |id| Var { core, id };
+    let (va, vb, y) = (var(a), var(b), var(out));
+    let (sa, sb, so) = {
+        let tape = core.tape.borrow();
+        (tape.shape(a), tape.shape(b), tape.shape(out))
+    };
+    // A constant of `out`'s shape computed from `a` and `b` elementwise.
+    let mask = |m: fn(T, T) -> T| {
+        core.constant(name, so, |tape, out| kernels::binary((tape.value(a), &sa), (tape.value(b), &sb), (out, &so), m))
+    };
+    match (f, side) {
+        (BinaryFn::Add, _) | (BinaryFn::Sub, Side::A) => g,
+        (BinaryFn::Sub, Side::B) => -g,
+        (BinaryFn::Mul, Side::A) => g * vb,
+        (BinaryFn::Mul, Side::B) => g * va,
+        (BinaryFn::Div, Side::A) => g / vb,
+        (BinaryFn::Div, Side::B) => -(g * va / vb.square()),
+        (BinaryFn::Pow, Side::A) => {
+            // b·a^(b−1), 0 where b = 0.
+            let nonzero = mask(|_, b| if b == T::ZERO { T::ZERO } else { T::ONE });
+            g * vb * va.pow(vb.add_scalar(-T::ONE)) * nonzero
+        }
+        (BinaryFn::Pow, Side::B) => {
+            // a^b·ln a where a > 0, else 0; ln reads a where a > 0 and 1 elsewhere, so
+            // that nothing infinite meets the mask's zeros.
+            let pos = mask(|a, _| if a > T::ZERO { T::ONE } else { T::ZERO });
+            let safe = va * pos - pos.add_scalar(-T::ONE);
+            g * y * safe.log() * pos
+        }
+        // The table's `da` and `db` with dout = 1: ties split evenly.
+        (BinaryFn::Maximum, Side::A) | (BinaryFn::Minimum, Side::B) => {
+            g * mask(|a, b| {
+                if a == b {
+                    T::from_f64(0.5)
+                } else if a < b {
+                    T::ZERO
+                } else {
+                    T::ONE
+                }
+            })
+        }
+        (BinaryFn::Maximum, Side::B) | (BinaryFn::Minimum, Side::A) => {
+            g * mask(|a, b| {
+                if a == b {
+                    T::from_f64(0.5)
+                } else if a > b {
+                    T::ZERO
+                } else {
+                    T::ONE
+                }
+            })
+        }
+    }
 }

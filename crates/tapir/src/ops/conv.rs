@@ -32,8 +32,8 @@ use crate::error::{Error, Result};
 use std::ops::Range;
 
 use crate::dtype::Float;
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
-use crate::record::handles::Var;
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::handles::{Core, Var};
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -493,34 +493,51 @@ pub(crate) fn grad_max_pool2d<'s, T: Float>(
     geom: u32,
 ) -> Result<()> {
     if ctx.wants(x) {
-        let sx = ctx.shape(x);
-        let win = { Window::from_extra(sx, &ctx.core.tape.borrow().extra[geom as usize..geom as usize + 6]) };
-        let (kk, l) = (win.kh * win.kw, win.oh * win.ow);
-        let mask_shape = Shape::new(&[win.n, win.c, kk, l]).expect("no larger than im2col's output, which fit");
-        let mask = ctx.constant(mask_shape, |tape, m| {
-            let (xv, yv) = (tape.value(x), tape.value(out));
-            for plane in 0..win.n * win.c {
-                for oi in 0..win.oh {
-                    for oj in 0..win.ow {
-                        let o = oi * win.ow + oj;
-                        let y = yv[plane * l + o];
-                        'window: for a in win.rows(oi) {
-                            for b in win.cols(oj) {
-                                let i = plane * win.h * win.w + (oi * win.sh + a - win.ph) * win.w + oj * win.sw + b
-                                    - win.pw;
-                                if xv[i] == y || (xv[i].is_nan() && y.is_nan()) {
-                                    m[(plane * kk + a * win.kw + b) * l + o] = T::ONE;
-                                    break 'window;
-                                }
+        let (mask, win) = first_maxima(ctx.core, "grad", out, x, geom);
+        pool_grad(ctx, g, x, geom, Some(mask), win);
+    }
+    Ok(())
+}
+
+/// A constant `[N, C, kh·kw, oh·ow]` in `im2col`'s layout, 1 at each window's first
+/// maximal element (the one the fast backward picks) and 0 elsewhere, recorded under
+/// `name`; and the window.
+#[track_caller]
+fn first_maxima<'s, T: Float>(
+    core: &'s Core<'s, T>,
+    name: &'static str,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> (Var<'s, T>, Window) {
+    let win = {
+        let tape = core.tape.borrow();
+        Window::from_extra(tape.shape(x), &tape.extra[geom as usize..geom as usize + 6])
+    };
+    let (kk, l) = (win.kh * win.kw, win.oh * win.ow);
+    let mask_shape = Shape::new(&[win.n, win.c, kk, l]).expect("no larger than im2col's output, which fit");
+    let mask = core.constant(name, mask_shape, |tape, m| {
+        let (xv, yv) = (tape.value(x), tape.value(out));
+        for plane in 0..win.n * win.c {
+            for oi in 0..win.oh {
+                for oj in 0..win.ow {
+                    let o = oi * win.ow + oj;
+                    let y = yv[plane * l + o];
+                    'window: for a in win.rows(oi) {
+                        for b in win.cols(oj) {
+                            let i =
+                                plane * win.h * win.w + (oi * win.sh + a - win.ph) * win.w + oj * win.sw + b - win.pw;
+                            if xv[i] == y || (xv[i].is_nan() && y.is_nan()) {
+                                m[(plane * kk + a * win.kw + b) * l + o] = T::ONE;
+                                break 'window;
                             }
                         }
                     }
                 }
             }
-        });
-        pool_grad(ctx, g, x, geom, Some(mask), win);
-    }
-    Ok(())
+        }
+    });
+    (mask, win)
 }
 
 /// Recorded derivative of `avg_pool2d`: `g/(kh·kw)` spread over each window by `col2im`.
@@ -537,4 +554,61 @@ pub(crate) fn grad_avg_pool2d<'s, T: Float>(
         pool_grad(ctx, g, x, geom, None, win);
     }
     Ok(())
+}
+
+/// Forward rule of `im2col`: the tangent unfolded alike (the op is linear).
+#[track_caller]
+pub(crate) fn jvp_im2col<'s, T: Float>(ctx: &JvpCtx<'s, T>, x: NodeId<'s>, geom: u32) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).map(|t| t.im2col_at(geom)))
+}
+
+/// Forward rule of `col2im`: the tangent folded alike.
+#[track_caller]
+pub(crate) fn jvp_col2im<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let image = ctx.shape(out);
+    Ok(ctx.tangent(x).map(|t| t.col2im_at(image, geom)))
+}
+
+/// The windows of `t` (of the pooled input's shape) as `[N, C, kh·kw, oh·ow]`.
+#[track_caller]
+fn windows<'s, T: Float>(ctx: &JvpCtx<'s, T>, out: NodeId<'s>, t: Var<'s, T>, geom: u32) -> (Var<'s, T>, usize) {
+    let so = ctx.shape(out);
+    let (n, c, l) = (so.dim(0), so.dim(1), so.dim(2) * so.dim(3));
+    let cols = t.im2col_at(geom);
+    let kk = cols.shape().dim(1) / c.max(1);
+    (cols.reshape(&[n, c, kk, l]), kk)
+}
+
+/// Forward rule of `max_pool2d`: each window's tangent at its first maximum.
+#[track_caller]
+pub(crate) fn jvp_max_pool2d<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(x) else { return Ok(None) };
+    let (mask, _) = first_maxima(ctx.core, "jvp", out, x, geom);
+    let (cols, _) = windows(ctx, out, t, geom);
+    let so = ctx.shape(out);
+    Ok(Some((cols * mask).sum_axes(&[2], false).reshape(&so.to_array()[..4])))
+}
+
+/// Forward rule of `avg_pool2d`: the tangent averaged over the same windows.
+#[track_caller]
+pub(crate) fn jvp_avg_pool2d<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    geom: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(x) else { return Ok(None) };
+    let (cols, kk) = windows(ctx, out, t, geom);
+    let so = ctx.shape(out);
+    Ok(Some(cols.sum_axes(&[2], false).mul_scalar(T::ONE / T::from_usize(kk)).reshape(&so.to_array()[..4])))
 }

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::kernels::reduce::row_lse;
 use crate::kernels::scalar::{sigmoid, softplus};
 use crate::kernels::{par, simd};
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
-use crate::record::handles::Var;
+use crate::record::ctx::{plus, BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::handles::{Core, Var};
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -214,9 +214,9 @@ pub(crate) fn backward_bce<'s, T: Float>(
 
 /// The one-hot rows of the `n` labels stored at `labels`, as a constant `[n, c]`.
 #[track_caller]
-fn one_hot<'s, T: Float>(ctx: &GradCtx<'_, 's, T>, shape: Shape, labels: u32) -> Var<'s, T> {
+fn one_hot<'s, T: Float>(core: &'s Core<'s, T>, name: &'static str, shape: Shape, labels: u32) -> Var<'s, T> {
     let (n, c) = (shape.dim(0), shape.dim(1));
-    ctx.constant(shape, |tape, m| {
+    core.constant(name, shape, |tape, m| {
         for (i, &y) in tape.extra[labels as usize..labels as usize + n].iter().enumerate() {
             m[i * c + y as usize] = T::ONE;
         }
@@ -233,7 +233,7 @@ pub(crate) fn grad_cross_entropy<'s, T: Float>(
 ) -> Result<()> {
     if ctx.wants(logits) {
         let shape = ctx.shape(logits);
-        let hot = one_hot(ctx, shape, labels);
+        let hot = one_hot(ctx.core, "grad", shape, labels);
         let scale = g.mul_scalar(T::ONE / T::from_usize(shape.dim(0)));
         ctx.add(logits, (ctx.var(logits).softmax(1) - hot) * scale);
     }
@@ -250,7 +250,7 @@ pub(crate) fn grad_nll<'s, T: Float>(
 ) -> Result<()> {
     if ctx.wants(logp) {
         let shape = ctx.shape(logp);
-        let hot = one_hot(ctx, shape, labels);
+        let hot = one_hot(ctx.core, "grad", shape, labels);
         ctx.add(logp, hot * g.mul_scalar(-T::ONE / T::from_usize(shape.dim(0))));
     }
     Ok(())
@@ -273,4 +273,47 @@ pub(crate) fn grad_bce<'s, T: Float>(
         ctx.add(y, -(xv * scale));
     }
     Ok(())
+}
+
+/// Forward rule of `cross_entropy`: `(Σ softmax(x) ⊙ t − Σ onehot ⊙ t)/N`.
+#[track_caller]
+pub(crate) fn jvp_cross_entropy<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    logits: NodeId<'s>,
+    labels: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(logits) else { return Ok(None) };
+    let shape = ctx.shape(logits);
+    let hot = one_hot(ctx.core, "jvp", shape, labels);
+    let n = T::ONE / T::from_usize(shape.dim(0));
+    Ok(Some(ctx.fit(out, ((ctx.var(logits).softmax(1) - hot) * t).sum().mul_scalar(n))))
+}
+
+/// Forward rule of `nll_loss`: `−Σ onehot ⊙ t / N`.
+#[track_caller]
+pub(crate) fn jvp_nll<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    logp: NodeId<'s>,
+    labels: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(logp) else { return Ok(None) };
+    let shape = ctx.shape(logp);
+    let hot = one_hot(ctx.core, "jvp", shape, labels);
+    Ok(Some(ctx.fit(out, (hot * t).sum().mul_scalar(-T::ONE / T::from_usize(shape.dim(0))))))
+}
+
+/// Forward rule of `bce_with_logits`: `Σ ((σ(x) − y) ⊙ tx − x ⊙ ty)/n`.
+#[track_caller]
+pub(crate) fn jvp_bce<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    y: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    let (xv, yv) = (ctx.var(x), ctx.var(y));
+    let terms = plus(ctx.tangent(x).map(|t| (xv.sigmoid() - yv) * t), ctx.tangent(y).map(|t| -(xv * t)));
+    let n = T::ONE / T::from_usize(ctx.shape(x).numel());
+    Ok(terms.map(|t| ctx.fit(out, t.sum().mul_scalar(n))))
 }

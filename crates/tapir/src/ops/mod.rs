@@ -17,11 +17,13 @@
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
 //! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
 //!
-//! Each op has two derivatives side by side: `backward`, the fast pass that accumulates
-//! into buffers ([`Scope::backward`](crate::Scope::backward)), and `grad`, which records the
+//! Each op has three derivatives side by side: `backward`, the fast pass that accumulates
+//! into buffers ([`Scope::backward`](crate::Scope::backward)); `grad`, which records the
 //! same derivative as ops on the tape so that it can be differentiated again
-//! ([`Scope::grad`](crate::Scope::grad)). [`backward`] and [`grad`] below dispatch on the
-//! variant with exhaustive matches.
+//! ([`Scope::grad`](crate::Scope::grad)); and `jvp`, the forward-mode rule, which records
+//! the tangent of the output from the tangents of the inputs
+//! ([`Scope::forward`](crate::Scope::forward)). [`backward`], [`grad`] and [`jvp`] below
+//! dispatch on the variant with exhaustive matches.
 //!
 //! Rules see the recording toolkit of `record/` (`Rec`, `BackwardCtx`, `GradCtx`), never
 //! the engine: custom ops and checkpoints, which run user code and nested passes, are the
@@ -44,7 +46,7 @@ pub(crate) mod view;
 
 use crate::dtype::Float;
 use crate::error::Result;
-use crate::record::ctx::{BackwardCtx, EngineBackward, EngineGrad, GradCtx};
+use crate::record::ctx::{BackwardCtx, EngineBackward, EngineGrad, EngineJvp, GradCtx, JvpCtx};
 use crate::record::handles::Var;
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
@@ -144,5 +146,54 @@ pub(crate) fn grad<'s, T: Float, E: EngineGrad<T>>(
         Col2Im { x, geom } => conv::grad_col2im(ctx, g, x, geom),
         Custom { table, first, count } => E::custom(ctx, out, g, (table, first, count)),
         Checkpoint { table, first, count } => E::checkpoint(ctx, out, g, (table, first, count)),
+    }
+}
+
+/// Records node `out`'s tangent at `ctx`'s level from its inputs' tangents (forward mode):
+/// the node's tangent, or `None` if it is zero (no input has one). One rule per op, beside
+/// its two reverse rules, written in recorded ops so that tangents can be differentiated
+/// again; no `_ =>` arm, so a new variant does not compile until it has one. Leaves have
+/// no rule: their tangents are seeded (`Scope::dual`). As in [`backward`], custom ops and
+/// checkpoints are the engine's `E`.
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float, E: EngineJvp<T>>(
+    op: Op<'s, T>,
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    use Op::*;
+    match op {
+        Leaf | Variable | Param(_) => Ok(None),
+        Unary { f, x, c } => unary::jvp(ctx, out, f, x, c),
+        Binary { f, a, b } => binary::jvp(ctx, out, f, a, b),
+        MatMul { a, b, ta, tb } => matmul::jvp(ctx, out, a, b, ta, tb),
+        Linear { x, w, b } => matmul::jvp_linear(ctx, out, x, w, b),
+        LayerNorm { first, eps } => norm::jvp(ctx, out, first, eps),
+        AttentionWeights { qkv, heads } => attention::jvp_weights(ctx, out, qkv, heads),
+        Attend { p, qkv } => attention::jvp_attend(ctx, out, p, qkv),
+        Reshape { x } => view::jvp_reshape(ctx, out, x),
+        Permute { x, axes } => view::jvp_permute(ctx, x, axes),
+        BroadcastTo { x } => view::jvp_broadcast(ctx, out, x),
+        Narrow { x, axis, start } => view::jvp_narrow(ctx, out, x, axis, start),
+        Concat { first, count, axis } => select::jvp_concat(ctx, out, first, count, axis),
+        IndexSelect { x, axis, idx } => select::jvp_index_select(ctx, out, x, axis, idx),
+        Where { cond, a, b } => select::jvp_where(ctx, out, cond, a, b),
+        Sum { x } => reduce::jvp_sum(ctx, x, None),
+        SumAxis { x, axis } => reduce::jvp_sum(ctx, x, Some(axis)),
+        MaxAxis { x, axis } | MinAxis { x, axis } => reduce::jvp_select_axis(ctx, out, x, axis),
+        LogSumExp { x, axis } => reduce::jvp_logsumexp(ctx, out, x, axis),
+        Softmax { x, axis } => softmax::jvp(ctx, out, x, axis, false),
+        LogSoftmax { x, axis } => softmax::jvp(ctx, out, x, axis, true),
+        CrossEntropy { logits, labels } => loss::jvp_cross_entropy(ctx, out, logits, labels),
+        NllLoss { logp, labels } => loss::jvp_nll(ctx, out, logp, labels),
+        BceWithLogits { x, y } => loss::jvp_bce(ctx, out, x, y),
+        Im2Col { x, geom } => conv::jvp_im2col(ctx, x, geom),
+        MaxPool2d { x, geom } => conv::jvp_max_pool2d(ctx, out, x, geom),
+        AvgPool2d { x, geom } => conv::jvp_avg_pool2d(ctx, out, x, geom),
+        Pad { x, axis, start } => scatter::jvp_pad(ctx, out, x, axis, start),
+        ScatterAdd { x, axis, idx } => scatter::jvp_scatter_add(ctx, out, x, axis, idx),
+        Col2Im { x, geom } => conv::jvp_col2im(ctx, out, x, geom),
+        Custom { table, first, count } => E::custom(ctx, out, (table, first, count)),
+        Checkpoint { table, first, count } => E::checkpoint(ctx, out, (table, first, count)),
     }
 }

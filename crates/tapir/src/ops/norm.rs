@@ -19,7 +19,7 @@
 use crate::dtype::Float;
 use crate::error::Result;
 use crate::kernels::norm;
-use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::ctx::{plus, BackwardCtx, GradCtx, JvpCtx};
 use crate::record::handles::Var;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -121,4 +121,32 @@ pub(crate) fn grad<'s, T: Float>(ctx: &mut GradCtx<'_, 's, T>, g: Var<'s, T>, fi
         ctx.add_reduced(b, g);
     }
     Ok(())
+}
+
+/// Forward rule: `t = t_x̂ ⊙ w + x̂ ⊙ tw + tb`, with `t_x̂ = rstd ⊙ (tc − x̂ ⊙ mean(x̂ ⊙ tc))`
+/// and `tc = tx − mean(tx)` over the last axis.
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    first: u32,
+    eps: T,
+) -> Result<Option<Var<'s, T>>> {
+    let [x, w, b] = inputs((0..3).map(|k| ctx.stored_id(first, k)));
+    let (tx, tw) = (ctx.tangent(x), ctx.tangent(w));
+    let scaled = if tx.is_some() || tw.is_some() {
+        let xv = ctx.var(x);
+        let last = [-1isize];
+        let centred = xv - xv.mean_axes(&last, true);
+        let rstd = centred.square().mean_axes(&last, true).add_scalar(eps).rsqrt();
+        let xhat = centred * rstd;
+        let from_x = tx.map(|t| {
+            let tc = t - t.mean_axes(&last, true);
+            rstd * (tc - xhat * (xhat * tc).mean_axes(&last, true)) * ctx.var(w)
+        });
+        plus(from_x, tw.map(|t| xhat * t))
+    } else {
+        None
+    };
+    Ok(plus(scaled, ctx.tangent(b)).map(|t| ctx.fit(out, t)))
 }

@@ -12,8 +12,8 @@
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::{self, par};
-use crate::record::ctx::{BackwardCtx, GradCtx};
-use crate::record::handles::Var;
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx};
+use crate::record::handles::{Core, Var};
 use crate::shape::{resolve_axis, Shape, MAX_RANK};
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -307,9 +307,26 @@ pub(crate) fn grad_select_axis<'s, T: Float>(
     axis: u8,
 ) -> Result<()> {
     if ctx.wants(x) {
-        let sx = ctx.shape(x);
+        let mask = selected(ctx.core, "grad", out, x, axis);
+        ctx.add(x, g * mask);
+    }
+    Ok(())
+}
+
+/// A constant of `x`'s shape, 1 at the element `max_axes`/`min_axes` selected along
+/// `axis` (the first, as the fast backward picks) and 0 elsewhere; recorded under `name`.
+#[track_caller]
+fn selected<'s, T: Float>(
+    core: &'s Core<'s, T>,
+    name: &'static str,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Var<'s, T> {
+    {
+        let sx = core.tape.borrow().shape(x);
         let dims = sx.split_at_axis(axis as usize);
-        let mask = ctx.constant(sx, |tape, m| {
+        core.constant(name, sx, |tape, m| {
             let (xv, yv) = (tape.value(x), tape.value(out));
             let (outer, len, inner) = dims;
             for o in 0..outer {
@@ -324,10 +341,8 @@ pub(crate) fn grad_select_axis<'s, T: Float>(
                     }
                 }
             }
-        });
-        ctx.add(x, g * mask);
+        })
     }
-    Ok(())
 }
 
 /// Recorded derivative of `logsumexp`: `g ⊙ exp(x − out)` (the softmax), broadcast along the axis.
@@ -343,4 +358,40 @@ pub(crate) fn grad_logsumexp<'s, T: Float>(
         ctx.add(x, g * (xv - y).exp());
     }
     Ok(())
+}
+
+/// Forward rule of `sum` and `sum_axes` (one axis, kept): the tangent summed alike.
+#[track_caller]
+pub(crate) fn jvp_sum<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    x: NodeId<'s>,
+    axis: Option<u8>,
+) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).map(|t| match axis {
+        None => t.sum(),
+        Some(a) => t.sum_axes(&[a as isize], true),
+    }))
+}
+
+/// Forward rule of `max_axes`/`min_axes`: the tangent at the element the op selected
+/// (the first, as the backward picks), through the same constant mask.
+#[track_caller]
+pub(crate) fn jvp_select_axis<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).map(|t| (t * selected(ctx.core, "jvp", out, x, axis)).sum_axes(&[axis as isize], true)))
+}
+
+/// Forward rule of `logsumexp`: `Σ softmax(x) ⊙ t` along the axis.
+#[track_caller]
+pub(crate) fn jvp_logsumexp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).map(|t| (t * (ctx.var(x) - ctx.var(out)).exp()).sum_axes(&[axis as isize], true)))
 }

@@ -12,7 +12,7 @@
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
 use crate::record::handles::Var;
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
@@ -232,4 +232,30 @@ pub(crate) fn grad_scatter_add<'s, T: Float>(
         ctx.add(x, g.index_select_at(axis as usize, idx, k));
     }
     Ok(())
+}
+
+/// Forward rule of `pad_axis`: the tangent padded alike (the op is linear).
+#[track_caller]
+pub(crate) fn jvp_pad<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    start: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let len = ctx.shape(out).dim(axis as usize);
+    Ok(ctx.tangent(x).map(|t| t.pad_at(axis as usize, start as usize, len)))
+}
+
+/// Forward rule of `scatter_add`: the tangent scattered with the stored indices.
+#[track_caller]
+pub(crate) fn jvp_scatter_add<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    idx: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let len = ctx.shape(out).dim(axis as usize);
+    Ok(ctx.tangent(x).map(|t| t.scatter_add_at(axis as usize, idx, len)))
 }

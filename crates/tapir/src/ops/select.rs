@@ -9,8 +9,8 @@
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
-use crate::record::handles::{Scope, Var};
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::handles::{Core, Scope, Var};
 
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -130,19 +130,27 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     /// `a` where `cond ≠ 0`, else `b`, all three broadcast together. `cond` gets no gradient.
     #[track_caller]
     pub fn where_(&'s self, cond: Var<'s, T>, a: Var<'s, T>, b: Var<'s, T>) -> Var<'s, T> {
-        self.core.record(OpKind::Where, |r| {
-            let (sc, sa, sb) = (r.shape(cond.id), r.shape(a.id), r.shape(b.id));
+        where_ids(&self.core, cond.id, a.id, b.id)
+    }
+}
+
+/// `where_` of three nodes, recorded on `core`.
+#[track_caller]
+fn where_ids<'s, T: Float>(core: &'s Core<'s, T>, cond: NodeId<'s>, a: NodeId<'s>, b: NodeId<'s>) -> Var<'s, T> {
+    {
+        core.record(OpKind::Where, |r| {
+            let (sc, sa, sb) = (r.shape(cond), r.shape(a), r.shape(b));
             let Some(so) = sc.broadcast(&sa).and_then(|s| s.broadcast(&sb)) else {
                 let (lhs, rhs) = if sc.broadcast(&sa).is_none() { (sc, sa) } else { (sa, sb) };
                 return Err(Error::Broadcast { op: r.op, lhs, rhs, location: r.location });
             };
-            let (c, va, vb) = (r.value(cond.id), r.value(a.id), r.value(b.id));
+            let (c, va, vb) = (r.value(cond), r.value(a), r.value(b));
             let out = r.alloc(so.numel())?;
             let strides = [&sc.broadcast_strides(&so), &sa.broadcast_strides(&so), &sb.broadcast_strides(&so)];
             kernels::for_each_n(&so, strides, |o, [ic, ia, ib]| {
                 out[o] = if c[ic] != T::ZERO { va[ia] } else { vb[ib] }
             });
-            Ok((Op::Where { cond: cond.id, a: a.id, b: b.id }, so, out))
+            Ok((Op::Where { cond, a, b }, so, out))
         })
     }
 }
@@ -324,4 +332,62 @@ pub(crate) fn grad_where<'s, T: Float>(
         }
     }
     Ok(())
+}
+
+/// Forward rule of `concat`: the inputs' tangents (zeros where an input has none)
+/// concatenated alike.
+#[track_caller]
+pub(crate) fn jvp_concat<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    first: u32,
+    count: u32,
+    axis: u8,
+) -> Result<Option<Var<'s, T>>> {
+    if !(0..count).any(|k| ctx.tangent(ctx.stored_id(first, k)).is_some()) {
+        return Ok(None);
+    }
+    let location = std::panic::Location::caller();
+    // The tangents' ids go to the payload list, where concat reads its inputs (as `stack`).
+    let at = ctx.core.tape.borrow().extra.len();
+    for k in 0..count {
+        let t = ctx.tangent_or_zeros(ctx.stored_id(first, k));
+        ctx.core.store_id(t.id, "concat", location);
+    }
+    let t = ctx.core.record(OpKind::Concat, |r| {
+        let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: r.op, len: at, location: r.location })?;
+        concat_stored(r, at, count as usize, axis as isize)
+    });
+    let _ = out;
+    Ok(Some(t))
+}
+
+/// Forward rule of `index_select`: the same rows of the tangent.
+#[track_caller]
+pub(crate) fn jvp_index_select<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    idx: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let k = ctx.shape(out).dim(axis as usize);
+    Ok(ctx.tangent(x).map(|t| t.index_select_at(axis as usize, idx, k)))
+}
+
+/// Forward rule of `where_`: the branches' tangents chosen by the same condition (zeros
+/// for a branch without one); the condition has none.
+#[track_caller]
+pub(crate) fn jvp_where<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    cond: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    if ctx.tangent(a).is_none() && ctx.tangent(b).is_none() {
+        return Ok(None);
+    }
+    let (ta, tb) = (ctx.tangent_or_zeros(a), ctx.tangent_or_zeros(b));
+    Ok(Some(ctx.fit(out, where_ids(ctx.core, cond, ta.id, tb.id))))
 }

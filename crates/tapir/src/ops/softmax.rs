@@ -9,7 +9,7 @@
 use crate::dtype::Float;
 use crate::error::Result;
 use crate::kernels::par;
-use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx};
 use crate::record::handles::Var;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -79,4 +79,18 @@ pub(crate) fn grad<'s, T: Float>(
         ctx.add(x, dx);
     }
     Ok(())
+}
+
+/// Forward rule: `t_y = y ⊙ (t − Σ y ⊙ t)` for softmax, `t − Σ softmax ⊙ t` for log-softmax.
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    log: bool,
+) -> Result<Option<Var<'s, T>>> {
+    let Some(t) = ctx.tangent(x) else { return Ok(None) };
+    let (y, ax) = (ctx.var(out), [axis as isize]);
+    Ok(Some(if log { t - (y.exp() * t).sum_axes(&ax, true) } else { y * (t - (y * t).sum_axes(&ax, true)) }))
 }

@@ -44,8 +44,8 @@ use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::unary_fn::UnaryFn;
 use crate::kernels::{self, par, ElementMap, GradMap};
-use crate::record::ctx::{BackwardCtx, GradCtx, Rec};
-use crate::record::handles::Var;
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::handles::{Core, Var};
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
 use crate::tape::tape::Tape;
@@ -407,19 +407,49 @@ pub(crate) fn grad<'s, T: Float>(
     x: NodeId<'s>,
     c: [T; 2],
 ) -> Result<()> {
-    use UnaryFn::*;
-    if !ctx.wants(x) {
-        return Ok(());
+    if ctx.wants(x) {
+        if let Some(dx) = scaled(ctx.core, "grad", out, g, f, x, c) {
+            ctx.add(x, dx);
+        }
     }
-    let (xv, y) = (ctx.var(x), ctx.var(out));
+    Ok(())
+}
+
+/// Forward rule: `t = f'(x) ⊙ tx`, the same product as the recorded derivative (the
+/// Jacobian is diagonal).
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    f: UnaryFn,
+    x: NodeId<'s>,
+    c: [T; 2],
+) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).and_then(|t| scaled(ctx.core, "jvp", out, t, f, x, c)))
+}
+
+/// `g ⊙ f'(x)` as recorded ops (`y` is the output `out`), or `None` where `f'` is zero;
+/// constants (masks) are recorded under `name`.
+#[track_caller]
+fn scaled<'s, T: Float>(
+    core: &'s Core<'s, T>,
+    name: &'static str,
+    out: NodeId<'s>,
+    g: Var<'s, T>,
+    f: UnaryFn,
+    x: NodeId<'s>,
+    c: [T; 2],
+) -> Option<Var<'s, T>> {
+    use UnaryFn::*;
+    let (xv, y) = (Var { core, id: x }, Var { core, id: out });
     let k = T::from_f64;
     let one = T::ONE;
-    let dx = match f {
+    Some(match f {
         Neg => -g,
         AddScalar => g,
         MulScalar => g.mul_scalar(c[0]),
         // `x^0 = 1` has derivative 0: no contribution.
-        Powf if c[0] == T::ZERO => return Ok(()),
+        Powf if c[0] == T::ZERO => return None,
         Powf => g * xv.powf(c[0] - one).mul_scalar(c[0]),
         Exp => g * y,
         Log => g / xv,
@@ -457,13 +487,11 @@ pub(crate) fn grad<'s, T: Float>(
             g * (s + xv * (s - s.square()))
         }
         Abs | Relu | LeakyRelu | Clamp => {
-            let shape = ctx.shape(x);
-            let mask = ctx.constant(shape, |tape, out| {
+            let shape = core.tape.borrow().shape(x);
+            let mask = core.constant(name, shape, |tape, out| {
                 f.derivative(c, Mask { x: tape.value(x), y: tape.value(y.id), out });
             });
             g * mask
         }
-    };
-    ctx.add(x, dx);
-    Ok(())
+    })
 }

@@ -13,7 +13,7 @@ use std::panic::Location;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::record::ctx::{BackwardCtx, GradCtx};
+use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx};
 use crate::record::handles::Var;
 use crate::shape::{resolve_axis, MAX_RANK};
 use crate::tape::id::NodeId;
@@ -319,4 +319,53 @@ pub(crate) fn grad_narrow<'s, T: Float>(
         ctx.add(x, g.pad_at(axis as usize, start as usize, len));
     }
     Ok(())
+}
+
+/// Forward rule of `reshape`: the tangent reshaped.
+#[track_caller]
+pub(crate) fn jvp_reshape<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    let so = ctx.shape(out);
+    Ok(ctx.tangent(x).map(|t| t.reshape(&so.to_array()[..so.rank()])))
+}
+
+/// Forward rule of `permute`: the tangent permuted alike.
+#[track_caller]
+pub(crate) fn jvp_permute<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    x: NodeId<'s>,
+    axes: [u8; 6],
+) -> Result<Option<Var<'s, T>>> {
+    let rank = ctx.shape(x).rank();
+    let mut a = [0usize; MAX_RANK];
+    for (d, &s) in a.iter_mut().zip(&axes[..rank]) {
+        *d = s as usize;
+    }
+    Ok(ctx.tangent(x).map(|t| t.permute(&a[..rank])))
+}
+
+/// Forward rule of `broadcast_to`: the tangent broadcast alike.
+#[track_caller]
+pub(crate) fn jvp_broadcast<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    Ok(ctx.tangent(x).map(|t| ctx.fit(out, t)))
+}
+
+/// Forward rule of `narrow`: the same range of the tangent.
+#[track_caller]
+pub(crate) fn jvp_narrow<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    axis: u8,
+    start: u32,
+) -> Result<Option<Var<'s, T>>> {
+    let len = ctx.shape(out).dim(axis as usize);
+    Ok(ctx.tangent(x).map(|t| t.narrow(axis as isize, start as usize, len)))
 }

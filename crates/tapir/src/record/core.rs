@@ -119,14 +119,15 @@ impl<'s, T: Float> Core<'s, T> {
     ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
         // One test on the hot path for the three rare cases.
-        let (held, timer) = if tape.slow {
+        let (held, timer, forward) = if tape.slow {
             if tape.error.is_some() {
                 return self.poison();
             }
             let held = take_held(&mut tape, x);
-            (held, tape.profile.map(|p| (p, p.start())))
+            let forward = tape.tangents.active() && tape.no_grad == 0;
+            (held, tape.profile.map(|p| (p, p.start())), forward)
         } else {
-            (None, None)
+            (None, None, false)
         };
         let op = self.op_name(op);
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
@@ -151,13 +152,47 @@ impl<'s, T: Float> Core<'s, T> {
             tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
         });
         match pushed {
-            Ok(id) => Var { core: self, id },
+            Ok(id) => {
+                if forward {
+                    drop(tape);
+                    self.propagate(id);
+                }
+                Var { core: self, id }
+            }
             Err(e) => {
                 tape.error = Some(e);
                 tape.slow = true;
                 self.poison()
             }
         }
+    }
+
+    /// Records the tangents of node `id`, just recorded, at the open forward-mode levels
+    /// (the hook `engine::jvp::propagate`, handed in when the first level opened).
+    #[cold]
+    #[inline(never)]
+    fn propagate(&'s self, id: NodeId<'s>) {
+        let hook = self.tape.borrow().tangents.hook;
+        if let Some((propagate, scope)) = hook {
+            propagate(self, scope, id);
+        }
+    }
+
+    /// A constant of `shape` (no gradient, no tangent) whose elements `fill` computes from
+    /// the tape (values, stored indices) into a zeroed slice: the masks, one-hot rows and
+    /// routing tables of piecewise ops' derivatives, recorded under the name `op`.
+    #[track_caller]
+    pub(crate) fn constant(
+        &'s self,
+        op: &'static str,
+        shape: Shape,
+        fill: impl FnOnce(&crate::tape::tape::Tape<'s, T>, &mut [T]),
+    ) -> Var<'s, T> {
+        self.record_as(op, |r| {
+            let out = r.alloc(shape.numel())?;
+            fill(r.tape, out);
+            Ok((Op::Leaf, shape, &*out))
+        })
     }
 
     /// Records a leaf whose value is already in place.
@@ -210,6 +245,6 @@ pub(crate) fn take_held<'s, T>(tape: &mut State<'s, T>, x: Option<NodeId<'s>>) -
             tape.nodes[pos as usize].value = buf;
         }
     }
-    tape.slow = tape.error.is_some() || tape.profile.is_some();
+    tape.slow = tape.error.is_some() || tape.profile.is_some() || !tape.tangents.levels.is_empty();
     taken
 }

@@ -7,13 +7,11 @@ use faer::Par;
 
 use crate::dtype::Float;
 use crate::error::{Error, Loc, Result};
-use crate::record::checkpoint::Replay;
 use crate::record::custom_op::CustomScratch;
-use crate::record::handles::{Core, CustomEntry, Lent, Slot, State, Var};
+use crate::record::handles::{Core, CustomEntry, Lent, Replay, Slot, State, Var};
 use crate::shape::{resolve_axis, Shape};
 use crate::storage::{AllocFail, Arena};
 use crate::tape::id::{NodeId, NodeMap};
-use crate::tape::op::Op;
 use crate::tape::tape::{NodeView, Tape};
 
 /// What an op's recording closure sees: the tape so far, the arena, and the name and
@@ -398,11 +396,7 @@ impl<'s, T: Float> GradCtx<'_, 's, T> {
     /// tables of piecewise ops, whose second derivative is zero almost everywhere.
     #[track_caller]
     pub fn constant(&self, shape: Shape, fill: impl FnOnce(&Tape<'s, T>, &mut [T])) -> Var<'s, T> {
-        self.core.record_as("grad", |r| {
-            let out = r.alloc(shape.numel())?;
-            fill(r.tape, out);
-            Ok((Op::Leaf, shape, &*out))
-        })
+        self.core.constant("grad", shape, fill)
     }
 }
 
@@ -425,4 +419,83 @@ pub(crate) trait EngineGrad<T: Float> {
     fn custom<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()>;
     /// `Op::Checkpoint`'s recorded derivative.
     fn checkpoint<'s>(ctx: &mut GradCtx<'_, 's, T>, out: NodeId<'s>, g: Var<'s, T>, op: (u32, u32, u32)) -> Result<()>;
+}
+
+/// What a node's forward-mode rule sees: handles to the tape's nodes and their tangents at
+/// the level being propagated (`ops::jvp`). The rule records the node's tangent with the
+/// ordinary op methods; while it does, this level and the inner ones are suspended, so its
+/// ops get tangents only at outer levels (the derivative of a tangent, for `jvp∘jvp`).
+pub(crate) struct JvpCtx<'s, T: Float> {
+    pub(crate) core: &'s Core<'s, T>,
+    /// The scope, for the one rule that runs user code on it: a checkpointed block's.
+    pub(crate) scope: &'s (dyn Replay<'s, T> + 's),
+    pub(crate) level: usize,
+}
+
+impl<'s, T: Float> JvpCtx<'s, T> {
+    /// A handle to node `id`.
+    #[inline]
+    pub fn var(&self, id: NodeId<'s>) -> Var<'s, T> {
+        Var { core: self.core, id }
+    }
+
+    pub fn shape(&self, id: NodeId<'s>) -> Shape {
+        self.core.tape.borrow().shape(id)
+    }
+
+    /// The tangent of node `id` at this level, if it has one (`None`: zero).
+    pub fn tangent(&self, id: NodeId<'s>) -> Option<Var<'s, T>> {
+        self.core.tape.borrow().tangents.get(self.level, id).map(|id| self.var(id))
+    }
+
+    /// The tangent of node `id`, or zeros of its shape.
+    #[track_caller]
+    pub fn tangent_or_zeros(&self, id: NodeId<'s>) -> Var<'s, T> {
+        match self.tangent(id) {
+            Some(t) => t,
+            None => self.constant(self.shape(id), |_, _| {}),
+        }
+    }
+
+    /// `count` ids stored at `at + k`: the `k`-th of them.
+    pub fn stored_id(&self, at: u32, k: u32) -> NodeId<'s> {
+        self.core.tape.borrow().stored_ids(at + k, 1).next().expect("the op stored its inputs")
+    }
+
+    /// A constant of `shape` computed from the tape, as [`GradCtx::constant`].
+    #[track_caller]
+    pub fn constant(&self, shape: Shape, fill: impl FnOnce(&Tape<'s, T>, &mut [T])) -> Var<'s, T> {
+        self.core.constant("jvp", shape, fill)
+    }
+
+    /// `t` broadcast to the shape of node `out`, if it is smaller (a bias's tangent).
+    #[track_caller]
+    pub fn fit(&self, out: NodeId<'s>, t: Var<'s, T>) -> Var<'s, T> {
+        let so = self.shape(out);
+        if t.shape() == so {
+            t
+        } else {
+            t.broadcast_to(&so.to_array()[..so.rank()])
+        }
+    }
+}
+
+/// The sum of two tangents, either of which may be zero (`None`).
+#[track_caller]
+pub(crate) fn plus<'s, T: Float>(a: Option<Var<'s, T>>, b: Option<Var<'s, T>>) -> Option<Var<'s, T>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// The forward rules of the ops the engine owns, as [`EngineBackward`] for
+/// [`ops::jvp`](crate::ops::jvp) (implemented in `engine/jvp.rs`): each returns the node's
+/// tangent, or `None` if it is zero.
+pub(crate) trait EngineJvp<T: Float> {
+    /// `Op::Custom`'s tangent.
+    fn custom<'s>(ctx: &JvpCtx<'s, T>, out: NodeId<'s>, op: (u32, u32, u32)) -> Result<Option<Var<'s, T>>>;
+    /// `Op::Checkpoint`'s tangent.
+    fn checkpoint<'s>(ctx: &JvpCtx<'s, T>, out: NodeId<'s>, op: (u32, u32, u32)) -> Result<Option<Var<'s, T>>>;
 }

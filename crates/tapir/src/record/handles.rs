@@ -23,7 +23,7 @@ use std::ops::{Deref, DerefMut};
 use faer::Par;
 
 use crate::dtype::Float;
-use crate::error::{Error, Loc};
+use crate::error::{Error, Loc, Result};
 use crate::record::custom_op::{CustomError, CustomInputs, CustomScratch};
 use crate::shape::Shape;
 use crate::storage::Arena;
@@ -133,9 +133,70 @@ pub(crate) struct State<'s, T> {
     pub values_read: Cell<bool>,
     /// In-place ops of a checkpointed block (see [`InPlace`]).
     pub in_place: InPlace<'s, T>,
-    /// Set while the scope has an error or `in_place` holds a buffer back: recording
-    /// tests this one flag and takes its slow path (`Core::record_reading`).
+    /// Forward mode: per open level, each node's tangent (see `engine/jvp.rs`). Empty, and
+    /// allocated nothing, until a level is opened.
+    pub tangents: Tangents<'s, T>,
+    /// Set while the scope has an error, `in_place` holds a buffer back, the profile runs
+    /// or a forward-mode level is open: recording tests this one flag and takes its slow
+    /// path (`Core::record_reading`).
     pub slow: bool,
+}
+
+/// The tangents of forward mode: a side table per open level, mapping a node to the node
+/// holding its tangent (`None`: zero). Tangents are recorded ops like any other, so they
+/// can be differentiated again, and they cost nothing while no level is open: `Node` and
+/// `Op` carry no tangent, and the record path's one slow-path test covers the hook.
+pub(crate) struct Tangents<'s, T> {
+    /// Per level, outermost first: node → its tangent.
+    pub levels: Vec<NodeMap<'s, Option<NodeId<'s>>>>,
+    /// Levels at or above `cut` do not propagate: the rule of level `cut` is being
+    /// recorded (its own ops have no tangent at that level or at inner ones, which see
+    /// them only as constants). Equal to `levels.len()` otherwise.
+    pub cut: usize,
+    /// Incremented by every level opened, so a closed level's handle cannot read a later one.
+    pub generation: u32,
+    /// The generation of each open level.
+    pub generations: Vec<u32>,
+    /// Runs the forward rule of a node just recorded (`engine::jvp::propagate`), handed in
+    /// when the first level opens: recording cannot import the rules it would run.
+    pub hook: Option<(JvpHook<T>, &'s (dyn Replay<'s, T> + 's))>,
+}
+
+/// The function that records a node's tangents at the open levels (see [`Tangents::hook`]).
+pub(crate) type JvpHook<T> = for<'s> fn(&'s Core<'s, T>, &'s (dyn Replay<'s, T> + 's), NodeId<'s>);
+
+impl<T> Default for Tangents<'_, T> {
+    fn default() -> Self {
+        Tangents { levels: Vec::new(), cut: 0, generation: 0, generations: Vec::new(), hook: None }
+    }
+}
+
+impl<T> fmt::Debug for Tangents<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tangents").field("levels", &self.levels.len()).field("cut", &self.cut).finish_non_exhaustive()
+    }
+}
+
+impl<'s, T> Tangents<'s, T> {
+    /// Whether a node recorded now gets tangents: some level propagates.
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.cut > 0
+    }
+
+    /// The tangent of `id` at `level`, if it has one.
+    pub(crate) fn get(&self, level: usize, id: NodeId<'s>) -> Option<NodeId<'s>> {
+        self.levels.get(level).and_then(|m| m.get(id).copied().flatten())
+    }
+
+    /// Sets the tangent of `id` at `level`.
+    pub(crate) fn set(&mut self, level: usize, id: NodeId<'s>, t: NodeId<'s>) {
+        let map = &mut self.levels[level];
+        if map.get(id).is_none() {
+            map.resize_with(id.index() + 1, || None);
+        }
+        map[id] = Some(t);
+    }
 }
 
 impl<'s, T> Deref for State<'s, T> {
@@ -363,6 +424,39 @@ pub trait CustomOp<T> {
         let _ = (inputs, out, dout, dinputs);
         false
     }
+
+    /// The forward-mode derivative as recorded ops, for [`Scope::forward`] (tangents):
+    /// `inputs` are handles of the op's inputs, `out` of its output, and `tangents[i]` the
+    /// tangent of input `i` (`None`: zero). Set `tangent` (initially `None`, meaning zero)
+    /// to the output's tangent, `Σᵢ ∂out/∂inputᵢ · tangents[i]`, of the output's shape,
+    /// computed with [`Var`] methods, and return `true`.
+    ///
+    /// The default returns `false`: the op has no forward rule, and a tangent reaching it
+    /// fails with [`Error::ForwardUnsupported`] naming the op.
+    fn jvp<'s>(
+        &self,
+        inputs: &[Var<'s, T>],
+        out: Var<'s, T>,
+        tangents: &[Option<Var<'s, T>>],
+        tangent: &mut Option<Var<'s, T>>,
+    ) -> bool
+    where
+        T: Float,
+    {
+        let _ = (inputs, out, tangents, tangent);
+        false
+    }
+}
+
+/// A scope as the recorded derivative of a checkpoint, or its tangent, sees it: something that runs the
+/// block of checkpoint `table` on itself. Implemented by `Scope<'s, 'g, T>`, which holds
+/// its blocks borrowed for `'g` ([`Checkpoint::forward`] needs the block borrowed for the
+/// scope's `'g`); the derivative ops see a `&'s dyn Replay<'s, T>`, with no `'g` to name,
+/// so the scope stays invariant in `'g`.
+pub(crate) trait Replay<'s, T: Float> {
+    /// Runs checkpoint `table`'s block on this scope from `inputs`: its output, or the
+    /// error of a block that panicked.
+    fn replay(&'s self, table: u32, inputs: &[Var<'s, T>], part: u32) -> Result<Var<'s, T>>;
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use faer::Par;
 use crate::dtype::Float;
 use crate::error::{Loc, Result};
 use crate::record::custom_op::CustomScratch;
-use crate::record::handles::{CheckpointEntry, CustomEntry, Lent, Nest, Slot, State};
+use crate::record::handles::{CheckpointEntry, CustomEntry, Lent, Nest, Slot, State, Tangents};
 use crate::shape::Shape;
 use crate::storage::Arena;
 use crate::tape::id::{NodeId, NodeMap};
@@ -67,6 +67,7 @@ impl<'s, T: Copy + 'static> State<'s, T> {
             released_bytes: 0,
             values_read: Cell::new(false),
             in_place: InPlace::with_capacity_of(std::mem::take(&mut spare.in_place)),
+            tangents: Tangents::default(),
             slow: false,
         }
     }

@@ -8,10 +8,9 @@ use crate::engine::custom::panic_message;
 use crate::engine::nest::{nested, with_slice, CollectSmall, Small};
 use crate::error::{Error, Loc, Result};
 use crate::kernels;
-use crate::record::checkpoint::Replay;
 use crate::record::core::take_held;
-use crate::record::ctx::{BackwardCtx, GradCtx};
-use crate::record::handles::{Checkpoint, Core, Scope, Var};
+use crate::record::ctx::BackwardCtx;
+use crate::record::handles::{Checkpoint, Core, Replay, Scope, Var};
 use crate::record::state::{NestedPass, Seed};
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
@@ -117,13 +116,17 @@ pub(crate) fn backward<'s, T: Float>(
 ///
 /// The recomputed values stay in the main arena until the scope ends: a second
 /// derivative keeps the block's graph, as PyTorch's `create_graph=True` does.
+///
+/// A checkpoint's tangent (forward mode, `engine/jvp.rs`) is recorded the same way: the
+/// block runs again on the scope with the level propagating, from inputs that carry
+/// their tangents, and the tangent of the recomputed output is the checkpoint's.
 #[track_caller]
-pub(crate) fn grad<'s, T: Float>(
-    ctx: &GradCtx<'_, 's, T>,
+pub(crate) fn recompute<'s, T: Float>(
+    scope: &'s (dyn Replay<'s, T> + 's),
+    core: &'s Core<'s, T>,
     out: NodeId<'s>,
     (table, first, count): (u32, u32, u32),
 ) -> Result<Option<(NodeId<'s>, NodeId<'s>)>> {
-    let (scope, core) = (ctx.scope, ctx.core);
     let (entry, before) = {
         let tape = core.tape.borrow();
         (tape.checkpoints[table as usize], tape.ids().next_back().expect("the checkpoint node is on the tape"))

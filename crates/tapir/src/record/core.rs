@@ -119,15 +119,14 @@ impl<'s, T: Float> Core<'s, T> {
     ) -> Var<'s, T> {
         let mut tape = self.tape.borrow_mut();
         // One test on the hot path for the three rare cases.
-        let (held, timer, forward) = if tape.slow {
+        let (held, timer) = if tape.slow {
             if tape.error.is_some() {
                 return self.poison();
             }
             let held = take_held(&mut tape, x);
-            let forward = tape.tangents.active() && tape.no_grad == 0;
-            (held, tape.profile.map(|p| (p, p.start())), forward)
+            (held, tape.profile.map(|p| (p, p.start())))
         } else {
-            (None, None, false)
+            (None, None)
         };
         let op = self.op_name(op);
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
@@ -153,7 +152,8 @@ impl<'s, T: Float> Core<'s, T> {
         });
         match pushed {
             Ok(id) => {
-                if forward {
+                // Open forward-mode levels keep `slow` set; the test is then out of line.
+                if tape.slow {
                     drop(tape);
                     self.propagate(id);
                 }
@@ -168,11 +168,15 @@ impl<'s, T: Float> Core<'s, T> {
     }
 
     /// Records the tangents of node `id`, just recorded, at the open forward-mode levels
-    /// (the hook `engine::jvp::propagate`, handed in when the first level opened).
+    /// (the hook `engine::jvp::propagate`, handed in when the first level opened), if a
+    /// level propagates and `no_grad` is off.
     #[cold]
     #[inline(never)]
     fn propagate(&'s self, id: NodeId<'s>) {
-        let hook = self.tape.borrow().tangents.hook;
+        let hook = {
+            let tape = self.tape.borrow();
+            (tape.tangents.active() && tape.no_grad == 0).then_some(tape.tangents.hook).flatten()
+        };
         if let Some((propagate, scope)) = hook {
             propagate(self, scope, id);
         }

@@ -27,17 +27,22 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
 fn tape_program_corpus_replays_clean() {
     let files = corpus("tape_program");
     assert!(files.len() >= 10, "the seed corpus is missing: {} files", files.len());
-    let (mut gradchecked, mut second) = (0, 0);
+    let (mut gradchecked, mut second, mut tangents) = (0, 0, 0);
     for (name, bytes) in &files {
         match run_program(bytes) {
             Ok(report) => {
                 gradchecked += usize::from(report.gradchecked);
+                tangents += usize::from(report.tangentchecked);
                 second += usize::from(report.gradgradchecked);
             }
             Err(finding) => panic!("{name}: {finding}"),
         }
     }
-    eprintln!("replayed {} programs, {gradchecked} gradient-checked, {second} to second order", files.len());
+    eprintln!(
+        "replayed {} programs, {gradchecked} gradient-checked, {second} to second order, {tangents} in forward mode",
+        files.len()
+    );
+    assert!(tangents > 0, "no corpus program reached the forward-mode check");
     assert!(gradchecked > 0, "no corpus program reached the finite-difference check");
     assert!(second > 0, "no corpus program reached the second-order check");
 }

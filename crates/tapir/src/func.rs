@@ -1,7 +1,7 @@
 //! Function transforms in the manner of `torch.func` and JAX: [`grad`], [`value_and_grad`],
-//! [`hvp`], [`jvp`], [`jacobian`] and [`hessian`] of a function of one tensor.
+//! [`hvp`], [`jvp`], [`vjp`], [`jacobian`], [`jacfwd`] and [`hessian`] of a function of one tensor.
 //!
-//! Each is a thin layer over [`Scope::grad`] and [`Scope::vjp`]: it opens one
+//! Each is a thin layer over [`Scope::grad`], [`Scope::vjp`] and [`Scope::jvp`]: it opens one
 //! [`Graph::scope`] on the caller's graph (so a warmed-up call reuses the arena and the
 //! tape), records `f` on a gradient-requesting leaf holding `x`, takes the derivatives it
 //! needs as recorded handles, and copies the result out into an owned [`Tensor`]. The
@@ -18,8 +18,10 @@
 //! |---|---|---|
 //! | `grad`, `value_and_grad` | one recorded reverse sweep | about a gradient |
 //! | `hvp` | reverse over reverse: `∇ₓ⟨∇f(x), v⟩` | about 2 gradients |
-//! | `jvp` | double vjp: `J v = ∂/∂u ⟨uᵀJ, v⟩` with a dummy `u`, no tangent propagation | about 2 gradients |
+//! | `jvp` | forward mode: tangents recorded beside the values | about 2 evaluations |
+//! | `vjp` | one recorded reverse sweep from `v` | about a gradient |
 //! | `jacobian` | one vjp per output element | `m` gradients (small outputs) |
+//! | `jacfwd` | one jvp per input element | `n` forward passes (small inputs, tall outputs) |
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
 
 use crate::dtype::Float;
@@ -119,11 +121,10 @@ where
 /// `f(x)` and the Jacobian-vector product `J v = ∂f(x)/∂x · v` (forward mode), for `f` of
 /// any shape.
 ///
-/// Method: the double-vjp trick, not tangent propagation. With a dummy cotangent `u` of
-/// `f`'s shape, `g(u) = uᵀJ` is recorded by [`Scope::vjp`]; it is linear in `u`, so
-/// `∂⟨g(u), v⟩/∂u = J v`, a second reverse sweep. The cost is about two gradients of `f`
-/// (plus one evaluation), independent of the input and output sizes; true forward mode
-/// would cost about one evaluation more than `f`, but needs a tangent rule per op.
+/// Method: tangent propagation ([`Scope::jvp`]): `x` is seeded with tangent `v` and every
+/// op records its output's tangent beside its value, about one more evaluation of `f`,
+/// independent of the input and output sizes. (Until 0.1 this was the double-vjp trick, two
+/// reverse sweeps; [`testing::jvpcheck`](crate::testing::jvpcheck) still compares the two.)
 ///
 /// ```
 /// # fn main() -> Result<(), tapir::Error> {
@@ -136,7 +137,8 @@ where
 /// ```
 ///
 /// # Errors
-/// What `f` records wrongly; [`Error::ShapeMismatch`] unless `v` has `x`'s shape.
+/// What `f` records wrongly; [`Error::ShapeMismatch`] unless `v` has `x`'s shape;
+/// [`Error::ForwardUnsupported`] through a custom op without a forward rule.
 #[track_caller]
 pub fn jvp<'g, T: Float, F>(
     graph: &'g mut Graph<T>,
@@ -150,15 +152,88 @@ where
     let location = std::panic::Location::caller();
     same_shape("jvp", x.shape(), v.shape(), location)?;
     graph.scope(|s| {
+        let (y, jv) = s.jvp([s.input(x)], [s.input(v)], |[x]| f(s, x));
+        Ok((owned("jvp", y, location)?, owned("jvp", jv, location)?))
+    })
+}
+
+/// The Jacobian of `f` at `x` by forward mode, of shape `f`'s shape followed by `x`'s: one
+/// tangent per input element (JAX's `jacfwd`), so meant for small inputs and tall outputs,
+/// where [`jacobian`] (one reverse sweep per output element) would take `m ≫ n` sweeps.
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?;
+/// let a = tapir::Tensor::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+/// let j = tapir::func::jacfwd(&mut graph, &x, |s, x| s.input(&a).matmul(x.reshape(&[2, 1])).reshape(&[3]))?;
+/// assert_eq!(j.data(), a.data()); // the Jacobian of A·x is A
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As for [`jacobian`] and [`jvp`].
+#[track_caller]
+pub fn jacfwd<'g, T: Float, F>(graph: &'g mut Graph<T>, x: &'g Tensor<T>, f: F) -> Result<Tensor<T>>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    graph.scope(|s| {
+        let y = f(s, s.input(x));
+        y.value()?;
+        let (sy, sx) = (y.shape(), x.shape());
+        let shape = joined("jacfwd", sy, sx, location)?;
+        let n = sx.numel();
+        let mut data = zeroed("jacfwd", shape, shape.numel(), location)?;
+        let mut e = zeroed("jacfwd", sx, n, location)?;
+        let dims = sx.to_vec();
+        for j in 0..n {
+            e[j] = T::ONE;
+            let seed = s.tensor(&e, &dims);
+            e[j] = T::ZERO;
+            let (_, t) = s.jvp([s.input(x)], [seed], |[x]| f(s, x));
+            for (i, &v) in t.value()?.iter().enumerate() {
+                data[i * n + j] = v;
+            }
+        }
+        Ok(Tensor::from_parts(data, shape))
+    })
+}
+
+/// `f(x)` and the vector-Jacobian product `vᵀJ = ∂⟨f(x), v⟩/∂x` (reverse mode), for `f` of
+/// any shape and `v` of `f`'s shape (JAX's `vjp` applied once).
+///
+/// ```
+/// # fn main() -> Result<(), tapir::Error> {
+/// let mut graph = tapir::Graph::<f64>::new();
+/// let x = tapir::Tensor::from_vec(vec![1.0, 2.0, 3.0], &[3])?;
+/// let v = tapir::Tensor::from_vec(vec![1.0, 0.5, 0.0], &[3])?;
+/// let (y, vj) = tapir::func::vjp(&mut graph, &x, &v, |_, x| x.square())?; // J = diag(2x)
+/// assert_eq!((y.data(), vj.data()), (&[1.0, 4.0, 9.0][..], &[2.0, 2.0, 0.0][..]));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// What `f` records wrongly; [`Error::ShapeMismatch`] unless `v` has `f(x)`'s shape.
+#[track_caller]
+pub fn vjp<'g, T: Float, F>(
+    graph: &'g mut Graph<T>,
+    x: &'g Tensor<T>,
+    v: &'g Tensor<T>,
+    f: F,
+) -> Result<(Tensor<T>, Tensor<T>)>
+where
+    F: for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>,
+{
+    let location = std::panic::Location::caller();
+    graph.scope(|s| {
         let xv = s.leaf(x);
         let y = f(s, xv);
-        // The dummy cotangent: any value works (the product is linear in it); it must
-        // request a gradient.
-        let sy = y.shape();
-        let u = s.zeros(&sy.to_array()[..sy.rank()]).with_grad();
-        let [ut_j] = s.vjp(y, u, [xv])?;
-        let [jv] = s.grad((ut_j * s.input(v)).sum(), [u])?;
-        Ok((owned("jvp", y, location)?, owned("jvp", jv, location)?))
+        y.value()?;
+        same_shape("vjp", y.shape(), v.shape(), location)?;
+        let [vj] = s.vjp(y, s.input(v), [xv])?;
+        Ok((owned("vjp", y, location)?, owned("vjp", vj, location)?))
     })
 }
 

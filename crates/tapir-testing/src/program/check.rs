@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use tapir::testing::{gradcheck, gradgradcheck, GradcheckError, GradcheckOptions};
+use tapir::testing::{gradcheck, gradgradcheck, jvpcheck, GradcheckError, GradcheckOptions};
 use tapir::{Error, Float, Graph, Scope, Tensor, Var};
 
 use crate::model::{self, Outcome};
@@ -42,6 +42,9 @@ pub struct Report {
     /// Whether the recorded second derivatives were compared with finite differences of
     /// the gradients.
     pub gradgradchecked: bool,
+    /// Whether forward mode's tangent (every leaf seeded) was compared with differences
+    /// along it and with reverse mode.
+    pub tangentchecked: bool,
 }
 
 /// Decodes `bytes` into a program, runs it twice and checks every property listed in the
@@ -69,7 +72,9 @@ pub fn run_program(bytes: &[u8]) -> Result<Report, Finding> {
         buffer::check(&program).map_err(|what| program.finding(what))?;
     }
     let (gradchecked, gradgradchecked) = program.check_gradients(&first)?;
-    Ok(Report { steps: program.steps.len(), error: first.error, gradchecked, gradgradchecked })
+    // Checked with the first derivatives, on the same programs.
+    let tangentchecked = gradchecked && !program.has_custom();
+    Ok(Report { steps: program.steps.len(), error: first.error, gradchecked, gradgradchecked, tangentchecked })
 }
 
 /// What one execution produced: every value and leaf gradient as raw bits (`f32` values
@@ -169,6 +174,12 @@ impl Program {
         if !self.finite_differences(&inputs, atol, false)? {
             return Ok((false, false));
         }
+        // Forward mode on the same program, every leaf seeded: its tangent against
+        // differences along the tangent and against reverse mode's double-vjp product.
+        // The generator's custom op has no forward rule (its error is tested elsewhere).
+        if !self.has_custom() {
+            self.tangents(&inputs, atol)?;
+        }
         // Small programs also take second derivatives: the recorded gradient
         // (`Scope::grad`) differentiated again, against finite differences of backward's.
         // Rounding grows faster there: a value of size S is off by about ε·S, and the
@@ -213,6 +224,26 @@ impl Program {
             Some(e) => Err(self.finding(format!("{order}{e} (and with steps 1e-5 to 1e-9)"))),
             None => Ok(true),
         }
+    }
+
+    /// [`jvpcheck`] with steps from 1e-6 down to 1e-9 (and 1e-5): a finding if forward
+    /// mode disagrees with reverse mode, or with differences at every step.
+    fn tangents(&self, inputs: &[Tensor<f64>], atol: f64) -> Result<(), Finding> {
+        let mut first = None;
+        for h in [1e-6, 1e-7, 1e-8, 1e-9, 1e-5] {
+            let opts = GradcheckOptions { h, atol, ..GradcheckOptions::default() };
+            match jvpcheck(inputs, opts, |s, vars| self.replay(s, vars)) {
+                Ok(_) | Err(GradcheckError::NonFinite) => return Ok(()),
+                Err(e @ GradcheckError::TangentMismatch { against: "reverse mode", .. }) => {
+                    return Err(self.finding(e.to_string()))
+                }
+                Err(e @ GradcheckError::TangentMismatch { .. }) => {
+                    first.get_or_insert(e);
+                }
+                Err(e) => return Err(self.finding(e.to_string())),
+            }
+        }
+        Err(self.finding(format!("{} (and with steps 1e-5 to 1e-9)", first.expect("a mismatch at every step"))))
     }
 
     /// The program's loss recorded on `vars`.

@@ -27,9 +27,12 @@ fn windows() -> impl Strategy<Value = ([usize; 4], [usize; 2], [usize; 2], [usiz
     )
 }
 
+/// `(x dims, kernel, stride, padding, dilation)`.
+type DilatedWindow = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], [usize; 2]);
+
 /// `(x dims, kernel, stride, padding, dilation)` as [`windows`], with a dilation of 1 to 3
 /// per axis and the input large enough for the dilated kernel.
-fn dilated_windows() -> impl Strategy<Value = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], [usize; 2])> {
+fn dilated_windows() -> impl Strategy<Value = DilatedWindow> {
     (windows(), 1..=3usize, 1..=3usize).prop_flat_map(|((dims, k, st, p), dh, dw)| {
         let reach = |k: usize, d: usize, p: usize| (d * (k - 1) + 1).saturating_sub(2 * p).max(1);
         let (h0, w0) = (reach(k[0], dh, p[0]), reach(k[1], dw, p[1]));
@@ -80,7 +83,7 @@ proptest! {
     fn dilated_im2col_and_max_pool_grads_match_finite_differences((dims, k, st, p, d) in dilated_windows(), seed: u64) {
         let x = tensor(&dims, seed);
         let opts = GradcheckOptions { seed, ..GradcheckOptions::default() };
-        gradcheck(&[x.clone()], opts, |_, v| v[0].im2col_dilated(k, st, p, d))
+        gradcheck(std::slice::from_ref(&x), opts, |_, v| v[0].im2col_dilated(k, st, p, d))
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         // A dilated window may straddle a small input and hold no tap: −∞, excluded here.
         let mut g = Graph::<f64>::new();

@@ -68,6 +68,7 @@ pub use graph::report::{MemoryReport, OpMemory};
 pub use graph::session::Session;
 pub use kernels::binary_fn::BinaryFn;
 pub use kernels::unary_fn::UnaryFn;
+pub use ops::conv::conv2d::Conv2dOptions;
 pub use params::{Grad, GradBuffer, GradMut, ParamId, ParamStore};
 pub use record::custom_op::{CustomError, CustomInputs};
 pub use record::handles::{Checkpoint, CustomOp, Scope, Var};

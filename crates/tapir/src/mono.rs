@@ -12,6 +12,7 @@
 
 use crate::dtype::Float;
 use crate::graph::graph::Graph;
+use crate::ops::conv::conv2d::Conv2dOptions;
 use crate::params::ParamStore;
 use crate::tensor::Tensor;
 
@@ -95,6 +96,10 @@ fn exercise<T: Float>() -> crate::error::Result<()> {
             img.max_pool2d([2, 2], [2, 2], [0, 0]).sum(),
             img.avg_pool2d([2, 2], [2, 2], [0, 0]).sum(),
             img.conv2d(img, [1, 1], [0, 0]).sum(),
+            img.im2col_dilated([2, 2], [1, 1], [0, 0], [2, 2]).sum(),
+            img.max_pool2d_dilated([2, 2], [1, 1], [0, 0], [2, 2]).sum(),
+            img.reshape(&[1, 2, 2, 4]).conv2d_with(img.reshape(&[2, 1, 2, 4]), Conv2dOptions::new().groups(2)).sum(),
+            img.reshape(&[1, 4, 4]).col2im_dilated([4, 4], [2, 2], [2, 2], [0, 0], [1, 1]).sum(),
             x.pad_axis(1, 1, 2).sum(),
             x.scatter_add(0, &[1, 0], 3).sum(),
             img.reshape(&[1, 4, 4]).col2im([4, 4], [2, 2], [2, 2], [0, 0]).sum(),

@@ -10,6 +10,7 @@ mod attention;
 mod callbacks;
 mod checkpoint;
 mod conv;
+mod conv_fixtures;
 mod custom;
 mod custom_slots;
 mod deep;

@@ -202,3 +202,17 @@ fn a_scope_without_a_level_records_exactly_what_it_did() {
     };
     assert_eq!(count(&mut g, false), count(&mut g, true));
 }
+
+#[test]
+fn grouped_dilated_convolution_and_dilated_pooling_have_exact_tangents() {
+    use tapir::Conv2dOptions;
+    let x: Vec<f64> = (0..2 * 4 * 5 * 6).map(|i| ((i * 37) % 23) as f64 / 23.0 - 0.4).collect();
+    let w: Vec<f64> = (0..6 * 2 * 2 * 3).map(|i| ((i * 11) % 13) as f64 / 13.0 - 0.5).collect();
+    let inputs = [t(&x, &[2, 4, 5, 6]), t(&w, &[6, 2, 2, 3])];
+    let opts = GradcheckOptions { seed: 3, ..GradcheckOptions::default() };
+    let conv = Conv2dOptions::new().stride([1, 2]).padding([1, 1]).dilation([2, 1]).groups(2);
+    jvpcheck(&inputs, opts, |_, v| v[0].conv2d_with(v[1], conv).tanh()).unwrap();
+    let depthwise = Conv2dOptions::new().dilation([1, 2]).groups(4);
+    jvpcheck(&inputs[..1], opts, |s, v| v[0].conv2d_with(s.tensor(&w[..4 * 2 * 3], &[4, 1, 2, 3]), depthwise)).unwrap();
+    jvpcheck(&inputs[..1], opts, |_, v| v[0].square().max_pool2d_dilated([2, 2], [1, 2], [1, 1], [2, 1])).unwrap();
+}

@@ -4,7 +4,8 @@
 //! under their own name, at the caller's line.
 
 use tapir::{
-    BinaryFn, CustomError, CustomInputs, CustomOp, Error, Graph, OpKind, ParamStore, Scope, Shape, Tensor, UnaryFn, Var,
+    BinaryFn, Conv2dOptions, CustomError, CustomInputs, CustomOp, Error, Graph, OpKind, ParamStore, Scope, Shape,
+    Tensor, UnaryFn, Var,
 };
 
 /// The example of [`OpKind::Custom`]: `y = 2x`. A custom node is named by its own
@@ -258,12 +259,30 @@ fn first_error(f: impl for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, &'g Inputs) -> (u3
 
 #[test]
 fn composites_report_their_own_name_at_the_callers_line() {
+    let groups = |g| Conv2dOptions::new().groups(g);
+    let dilated = |d| Conv2dOptions::new().dilation([d, d]);
     let cases: Vec<(&str, (u32, Error))> = vec![
         ("mean_axes", first_error(|s, t| (line!(), s.leaf(&t.x).mean_axes(&[0, -2], false)))),
         ("var", first_error(|s, t| (line!(), s.leaf(&t.x).var(&[5], false, 1)))),
         ("stack", first_error(|s, t| (line!(), s.stack(&[s.leaf(&t.x), s.leaf(&t.w)], 0)))),
         ("mse_loss", first_error(|s, t| (line!(), s.leaf(&t.x).mse_loss(s.leaf(&t.w))))),
         ("conv2d", first_error(|s, t| (line!(), s.leaf(&t.img).conv2d(s.zeros(&[1, 1, 0, 0]), [1, 1], [0, 0])))),
+        ("conv2d_with", first_error(|s, t| (line!(), s.leaf(&t.img).conv2d_with(s.zeros(&[1, 1, 1, 1]), groups(0))))),
+        ("conv2d_with", first_error(|s, t| (line!(), s.leaf(&t.img).conv2d_with(s.zeros(&[1, 1, 2, 2]), dilated(4))))),
+        (
+            "im2col_dilated",
+            first_error(|s, t| (line!(), s.leaf(&t.img).im2col_dilated([2, 2], [1, 1], [0, 0], [0, 1]))),
+        ),
+        (
+            "max_pool2d_dilated",
+            first_error(|s, t| (line!(), s.leaf(&t.img).max_pool2d_dilated([2, 2], [1, 1], [0, 0], [4, 4]))),
+        ),
+        (
+            "col2im_dilated",
+            first_error(|s, t| {
+                (line!(), s.leaf(&t.img).reshape(&[1, 4, 4]).col2im_dilated([3, 3], [2, 2], [1, 1], [0, 0], [2, 2]))
+            }),
+        ),
         ("squeeze", first_error(|s, t| (line!(), s.leaf(&t.x).squeeze(0)))),
         ("unsqueeze", first_error(|s, t| (line!(), s.leaf(&t.img).reshape(&[1, 1, 1, 1, 4, 4]).unsqueeze(0)))),
         ("transpose", first_error(|s, t| (line!(), s.leaf(&t.x).transpose(0, 2)))),

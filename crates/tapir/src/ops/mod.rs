@@ -15,7 +15,7 @@
 //! | `norm.rs`      | `layer_norm` (normalisation, scale and shift in one node)                 |
 //! | `attention.rs` | `attention_weights`, `attend`: multi-head attention on a packed `qkv`     |
 //! | `loss.rs`      | `cross_entropy`, `nll_loss`, `bce_with_logits`                            |
-//! | `conv.rs`      | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`                            |
+//! | `conv/`        | `im2col`, `col2im`, `max_pool2d`, `avg_pool2d`; `conv2d` composed of them |
 //!
 //! Each op has three derivatives side by side: `backward`, the fast pass that accumulates
 //! into buffers ([`Scope::backward`](crate::Scope::backward)); `grad`, which records the

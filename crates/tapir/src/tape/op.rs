@@ -259,7 +259,7 @@ pub(crate) enum Op<'s, T> {
         x: NodeId<'s>,
         y: NodeId<'s>,
     },
-    /// Window geometry `[kh, kw, sh, sw, ph, pw]` is `extra[geom..geom + 6]`.
+    /// Window geometry `[kh, kw, sh, sw, ph, pw, dh, dw]` is `extra[geom..geom + 8]`.
     Im2Col {
         x: NodeId<'s>,
         geom: u32,

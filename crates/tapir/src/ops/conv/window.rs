@@ -1,0 +1,230 @@
+//! The geometry of a sliding window over `[N, C, H, W]`, shared by `im2col`, `col2im` and
+//! the poolings: its checks when an op is recorded, its place in the tape's `extra` list,
+//! and the loops that visit its taps.
+//!
+//! Kernel offset `(a, b)` of output `(oi, oj)` reads input `(oi·sh + a·dh − ph,
+//! oj·sw + b·dw − pw)`; the output has `oh = (H + 2·ph − dh·(kh − 1) − 1)/sh + 1` rows and
+//! likewise `ow` columns (PyTorch's rule). The eight numbers are stored as
+//! `[kh, kw, sh, sw, ph, pw, dh, dw]` ([`GEOM_LEN`]).
+//!
+//! The loops are written once and compiled twice, for dilation 1 and for any dilation,
+//! so that the common undilated case keeps the loop shape it had before dilation existed
+//! (a multiplication by a constant 1 folds away, a runtime `dw` would not).
+
+use std::ops::Range;
+
+use crate::dtype::Float;
+use crate::error::{Error, Result};
+use crate::record::ctx::Rec;
+use crate::shape::Shape;
+
+/// How many `u32`s of the tape's `extra` list one window takes.
+pub(super) const GEOM_LEN: usize = 8;
+
+/// The geometry of a sliding window over `[n, c, h, w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Window {
+    pub(super) n: usize,
+    pub(super) c: usize,
+    pub(super) h: usize,
+    pub(super) w: usize,
+    pub(super) kh: usize,
+    pub(super) kw: usize,
+    pub(super) sh: usize,
+    pub(super) sw: usize,
+    pub(super) ph: usize,
+    pub(super) pw: usize,
+    pub(super) dh: usize,
+    pub(super) dw: usize,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
+}
+
+impl Window {
+    /// The window over `x` of the geometry `[kh, kw, sh, sw, ph, pw, dh, dw]`, or `None`
+    /// if it does not fit (checked when the op is recorded).
+    pub(super) fn new(x: Shape, [kh, kw, sh, sw, ph, pw, dh, dw]: [usize; GEOM_LEN]) -> Option<Window> {
+        if x.rank() != 4 || kh == 0 || kw == 0 || sh == 0 || sw == 0 || dh == 0 || dw == 0 {
+            return None;
+        }
+        let (n, c, h, w) = (x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+        // The dilated kernel's extent, `d·(k − 1) + 1`.
+        let (eh, ew) = (dh.checked_mul(kh - 1)?.checked_add(1)?, dw.checked_mul(kw - 1)?.checked_add(1)?);
+        let oh = h.checked_add(ph.checked_mul(2)?)?.checked_sub(eh)? / sh + 1;
+        let ow = w.checked_add(pw.checked_mul(2)?)?.checked_sub(ew)? / sw + 1;
+        Some(Window { n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow })
+    }
+
+    /// Reads the geometry back from the tape's `extra` list (`g` holds [`GEOM_LEN`] numbers).
+    pub(super) fn from_extra(x: Shape, g: &[u32]) -> Window {
+        let g: [u32; GEOM_LEN] = g.try_into().expect("a window's geometry is GEOM_LEN numbers");
+        Window::new(x, g.map(|v| v as usize)).expect("the window was checked when the op was recorded")
+    }
+
+    /// Whether the window is dilated along either axis (the loops' slow shape).
+    #[inline]
+    fn dilated(&self) -> bool {
+        self.dh != 1 || self.dw != 1
+    }
+
+    /// The kernel rows `a` whose input row `oi·sh + a·dh − ph` lies inside the input: the
+    /// window clipped to the input, so that a kernel far larger than the input costs no
+    /// more than the input. `dh` is the window's, or a constant 1 in the undilated loops.
+    #[inline(always)]
+    pub(super) fn rows(&self, oi: usize, dh: usize) -> Range<usize> {
+        clip(oi * self.sh, self.ph, self.h, self.kh, dh)
+    }
+
+    /// As [`rows`](Window::rows) for kernel columns at output column `oj`.
+    #[inline(always)]
+    pub(super) fn cols(&self, oj: usize, dw: usize) -> Range<usize> {
+        clip(oj * self.sw, self.pw, self.w, self.kw, dw)
+    }
+
+    /// Calls `f(o, i)` for every output position `o` of every `(n, c)` plane and every
+    /// input position `i` of its window, both as flat indices, in row-major window order.
+    #[inline]
+    pub(super) fn for_each_tap(&self, f: impl FnMut(usize, usize)) {
+        if self.dilated() {
+            self.taps::<true>(f);
+        } else {
+            self.taps::<false>(f);
+        }
+    }
+
+    #[inline(always)]
+    fn taps<const DILATED: bool>(&self, mut f: impl FnMut(usize, usize)) {
+        let (dh, dw) = if DILATED { (self.dh, self.dw) } else { (1, 1) };
+        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        for plane in 0..self.n * self.c {
+            for oi in 0..self.oh {
+                let rows = self.rows(oi, dh);
+                for oj in 0..self.ow {
+                    let o = plane * ohw + oi * self.ow + oj;
+                    let cols = self.cols(oj, dw);
+                    for a in rows.clone() {
+                        let i = oi * self.sh + a * dh - self.ph;
+                        for b in cols.clone() {
+                            f(o, plane * hw + i * self.w + oj * self.sw + b * dw - self.pw);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f(col, x)` for every element of `im2col`'s output that reads the input, with
+    /// the flat indices of the column element and of the input element it copies.
+    #[inline]
+    pub(super) fn for_each_col(&self, f: impl FnMut(usize, usize)) {
+        if self.dilated() {
+            self.cols_of::<true>(f);
+        } else {
+            self.cols_of::<false>(f);
+        }
+    }
+
+    #[inline(always)]
+    fn cols_of<const DILATED: bool>(&self, mut f: impl FnMut(usize, usize)) {
+        let (dh, dw) = if DILATED { (self.dh, self.dw) } else { (1, 1) };
+        let (k, l) = (self.c * self.kh * self.kw, self.oh * self.ow);
+        for n in 0..self.n {
+            for c in 0..self.c {
+                let plane = (n * self.c + c) * self.h * self.w;
+                for oi in 0..self.oh {
+                    for a in self.rows(oi, dh) {
+                        let i = oi * self.sh + a * dh - self.ph;
+                        for oj in 0..self.ow {
+                            for b in self.cols(oj, dw) {
+                                let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
+                                f(row + oi * self.ow + oj, plane + i * self.w + oj * self.sw + b * dw - self.pw);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The kernel offsets `a` in `0..k` with `0 ≤ start + a·d − pad < len`. Every sum is of
+/// a dimension and a number below 2^32, and the divisions round up without adding, so
+/// nothing overflows however large the kernel or the dilation.
+#[inline(always)]
+fn clip(start: usize, pad: usize, len: usize, k: usize, d: usize) -> Range<usize> {
+    // a·d ≥ pad − start, and a·d < len + pad − start.
+    let lo = pad.saturating_sub(start).div_ceil(d).min(k);
+    let hi = (len + pad).saturating_sub(start).div_ceil(d).min(k);
+    lo..hi.max(lo)
+}
+
+/// A window's arguments as the caller gave them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Args {
+    pub(super) kernel: [usize; 2],
+    pub(super) stride: [usize; 2],
+    pub(super) padding: [usize; 2],
+    pub(super) dilation: [usize; 2],
+}
+
+impl Args {
+    /// The geometry in its stored order.
+    pub(super) fn geom(&self) -> [usize; GEOM_LEN] {
+        let Args { kernel: k, stride: s, padding: p, dilation: d } = *self;
+        [k[0], k[1], s[0], s[1], p[0], p[1], d[0], d[1]]
+    }
+
+    /// The arguments for an error message; dilation only where it is not 1, so that
+    /// the undilated ops' messages read as they did.
+    fn describe(&self) -> String {
+        let Args { kernel, stride, padding, dilation } = *self;
+        let d = if dilation == [1, 1] { String::new() } else { format!(", dilation {dilation:?}") };
+        format!("kernel {kernel:?}, stride {stride:?}, padding {padding:?}{d}")
+    }
+}
+
+/// Checks the window arguments of `op` on `x` (`pool`: PyTorch's pooling rule, padding
+/// at most half the kernel); stores them in `extra`; returns the window and the offset.
+pub(super) fn record_window<T: Float>(
+    r: &mut Rec<'_, '_, T>,
+    x: Shape,
+    args: Args,
+    pool: bool,
+) -> Result<(Window, u32)> {
+    if x.rank() != 4 {
+        return Err(Error::InvalidShape {
+            op: r.op,
+            shape: x,
+            detail: "needs a 4-D input [N, C, H, W]".into(),
+            location: r.location,
+        });
+    }
+    let Args { kernel, stride, padding, dilation } = args;
+    let g = args.geom();
+    if g.iter().any(|&v| u32::try_from(v).is_err()) {
+        return Err(r.invalid(format!("{} must each be below 2^32 (input shape {x})", args.describe())));
+    }
+    if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) {
+        let d = if dilation == [1, 1] { String::new() } else { format!(" and dilation {dilation:?}") };
+        return Err(r.invalid(format!("kernel {kernel:?}, stride {stride:?}{d} must be positive (input shape {x})")));
+    }
+    if pool && (padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2) {
+        // Undilated, the rule means no window is all padding; dilated, a window can
+        // straddle a small input and yield −∞, as in PyTorch, which checks the same rule.
+        let why = if dilation == [1, 1] { ", so that no window is all padding" } else { " (PyTorch's rule)" };
+        return Err(r.invalid(format!(
+            "padding {padding:?} must be at most half the kernel {kernel:?}{why} (input shape {x})"
+        )));
+    }
+    let Some(win) = Window::new(x, g) else {
+        let d = if dilation == [1, 1] { String::new() } else { format!(" dilated by {dilation:?}") };
+        return Err(Error::InvalidShape {
+            op: r.op,
+            shape: x,
+            detail: format!("kernel {kernel:?}{d} does not fit the input padded by {padding:?}"),
+            location: r.location,
+        });
+    };
+    let at = r.extra(g.iter().map(|&v| v as u32))?;
+    Ok((win, at))
+}

@@ -318,7 +318,8 @@ where
         for (against, expected) in [("central differences", numeric), ("reverse mode", reverse[index])] {
             let err = (a - expected).abs();
             // Written so that a NaN on either side fails the check.
-            if !(err <= opts.atol + opts.rtol * a.abs().max(expected.abs())) {
+            let within = err <= opts.atol + opts.rtol * a.abs().max(expected.abs());
+            if !within {
                 return Err(GradcheckError::TangentMismatch { index, analytic: a, against, expected });
             }
             report.max_abs_err = report.max_abs_err.max(err);

@@ -236,6 +236,37 @@ pub(crate) fn grad<'s, T: Float>(
     Ok(())
 }
 
+/// Forward rule of `matmul`: `op(ta)·op(b) + op(a)·op(tb)` (the product rule, transpose
+/// flags kept).
+#[track_caller]
+pub(crate) fn jvp<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    a: NodeId<'s>,
+    b: NodeId<'s>,
+    ta: bool,
+    tb: bool,
+) -> Result<Option<Var<'s, T>>> {
+    let (va, vb) = (ctx.var(a), ctx.var(b));
+    let left = ctx.tangent(a).map(|t| t.matmul_t(vb, ta, tb));
+    let right = ctx.tangent(b).map(|t| va.matmul_t(t, ta, tb));
+    Ok(plus(left, right).map(|t| ctx.fit(out, t)))
+}
+
+/// Forward rule of `linear`: `tx·w + x·tw + tb`.
+#[track_caller]
+pub(crate) fn jvp_linear<'s, T: Float>(
+    ctx: &JvpCtx<'s, T>,
+    out: NodeId<'s>,
+    x: NodeId<'s>,
+    w: NodeId<'s>,
+    b: NodeId<'s>,
+) -> Result<Option<Var<'s, T>>> {
+    let (vx, vw) = (ctx.var(x), ctx.var(w));
+    let product = plus(ctx.tangent(x).map(|t| t.matmul(vw)), ctx.tangent(w).map(|t| vx.matmul(t)));
+    Ok(plus(product, ctx.tangent(b)).map(|t| ctx.fit(out, t)))
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -320,35 +351,4 @@ mod tests {
             }
         });
     }
-}
-
-/// Forward rule of `matmul`: `op(ta)·op(b) + op(a)·op(tb)` (the product rule, transpose
-/// flags kept).
-#[track_caller]
-pub(crate) fn jvp<'s, T: Float>(
-    ctx: &JvpCtx<'s, T>,
-    out: NodeId<'s>,
-    a: NodeId<'s>,
-    b: NodeId<'s>,
-    ta: bool,
-    tb: bool,
-) -> Result<Option<Var<'s, T>>> {
-    let (va, vb) = (ctx.var(a), ctx.var(b));
-    let left = ctx.tangent(a).map(|t| t.matmul_t(vb, ta, tb));
-    let right = ctx.tangent(b).map(|t| va.matmul_t(t, ta, tb));
-    Ok(plus(left, right).map(|t| ctx.fit(out, t)))
-}
-
-/// Forward rule of `linear`: `tx·w + x·tw + tb`.
-#[track_caller]
-pub(crate) fn jvp_linear<'s, T: Float>(
-    ctx: &JvpCtx<'s, T>,
-    out: NodeId<'s>,
-    x: NodeId<'s>,
-    w: NodeId<'s>,
-    b: NodeId<'s>,
-) -> Result<Option<Var<'s, T>>> {
-    let (vx, vw) = (ctx.var(x), ctx.var(w));
-    let product = plus(ctx.tangent(x).map(|t| t.matmul(vw)), ctx.tangent(w).map(|t| vx.matmul(t)));
-    Ok(plus(product, ctx.tangent(b)).map(|t| ctx.fit(out, t)))
 }

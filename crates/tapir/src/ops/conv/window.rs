@@ -153,8 +153,9 @@ impl Window {
 #[inline(always)]
 fn clip(start: usize, pad: usize, len: usize, k: usize, d: usize) -> Range<usize> {
     // a·d ≥ pad − start, and a·d < len + pad − start.
-    let lo = pad.saturating_sub(start).div_ceil(d).min(k);
-    let hi = (len + pad).saturating_sub(start).div_ceil(d).min(k);
+    let (lo, hi) = (pad.saturating_sub(start), (len + pad).saturating_sub(start));
+    let (lo, hi) = if d == 1 { (lo, hi) } else { (lo.div_ceil(d), hi.div_ceil(d)) };
+    let (lo, hi) = (lo.min(k), hi.min(k));
     lo..hi.max(lo)
 }
 

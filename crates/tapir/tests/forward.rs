@@ -216,3 +216,34 @@ fn grouped_dilated_convolution_and_dilated_pooling_have_exact_tangents() {
     jvpcheck(&inputs[..1], opts, |s, v| v[0].conv2d_with(s.tensor(&w[..4 * 2 * 3], &[4, 1, 2, 3]), depthwise)).unwrap();
     jvpcheck(&inputs[..1], opts, |_, v| v[0].square().max_pool2d_dilated([2, 2], [1, 2], [1, 1], [2, 1])).unwrap();
 }
+
+#[test]
+fn jacfwd_of_grad_is_the_hessian() {
+    // Forward over reverse, one tangent per input element: column j of H is jvp(∇f, e_j).
+    fn f<'s>(x: Var<'s, f64>) -> Var<'s, f64> {
+        (x.sin() * x.square()).sum() + x.exp().sum().log()
+    }
+    let x = t(&[0.3, -0.7, 1.1], &[3]);
+    let mut g = Graph::<f64>::new();
+    let want = func::hessian(&mut g, &x, |_, x| f(x)).unwrap();
+    let got = g
+        .scope(|s| {
+            let mut h = vec![0.0; 9];
+            for j in 0..3 {
+                let mut e = [0.0; 3];
+                e[j] = 1.0;
+                let (_, column) = s.jvp([s.leaf(&x)], [s.tensor(&e, &[3])], |[x]| {
+                    let [g] = s.grad(f(x), [x]).unwrap();
+                    g
+                });
+                for (i, v) in column.value()?.iter().enumerate() {
+                    h[i * 3 + j] = *v;
+                }
+            }
+            Ok::<_, Error>(h)
+        })
+        .unwrap();
+    for (a, b) in got.iter().zip(want.data()) {
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+}

@@ -175,7 +175,7 @@ pub(crate) fn jvp<'s, T: Float, E: EngineJvp<T>>(
         Permute { x, axes } => view::jvp_permute(ctx, x, axes),
         BroadcastTo { x } => view::jvp_broadcast(ctx, out, x),
         Narrow { x, axis, start } => view::jvp_narrow(ctx, out, x, axis, start),
-        Concat { first, count, axis } => select::jvp_concat(ctx, out, first, count, axis),
+        Concat { first, count, axis } => select::jvp_concat(ctx, first, count, axis),
         IndexSelect { x, axis, idx } => select::jvp_index_select(ctx, out, x, axis, idx),
         Where { cond, a, b } => select::jvp_where(ctx, out, cond, a, b),
         Sum { x } => reduce::jvp_sum(ctx, x, None),

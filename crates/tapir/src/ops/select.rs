@@ -339,7 +339,6 @@ pub(crate) fn grad_where<'s, T: Float>(
 #[track_caller]
 pub(crate) fn jvp_concat<'s, T: Float>(
     ctx: &JvpCtx<'s, T>,
-    out: NodeId<'s>,
     first: u32,
     count: u32,
     axis: u8,
@@ -358,7 +357,6 @@ pub(crate) fn jvp_concat<'s, T: Float>(
         let at = u32::try_from(at).map_err(|_| Error::TapeFull { op: r.op, len: at, location: r.location })?;
         concat_stored(r, at, count as usize, axis as isize)
     });
-    let _ = out;
     Ok(Some(t))
 }
 

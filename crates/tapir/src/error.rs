@@ -182,6 +182,23 @@ pub enum Error {
         /// Where the custom op was recorded.
         location: Loc,
     },
+    /// The per-example transform ([`Scope::per_example`](crate::Scope::per_example)) met a
+    /// program it cannot split into examples: an op that combines examples before the loss
+    /// (a reduction, softmax or product over the batch axis), a parameter used by an op
+    /// with no per-example rule, or a term of the loss that depends on no example.
+    #[error("{op}: {detail}: op `{culprit}` (input shapes {inputs}) (at {location})", inputs = list(inputs))]
+    PerExampleUnsupported {
+        /// The transform (`per_example`).
+        op: &'static str,
+        /// The op that cannot be split.
+        culprit: &'static str,
+        /// Its inputs' shapes.
+        inputs: Vec<Shape>,
+        /// What goes wrong, and what is supported instead.
+        detail: String,
+        /// Caller's location.
+        location: Loc,
+    },
     /// The arena's byte limit would be exceeded.
     #[error(
         "{op}: arena limit reached: requested {requested} bytes with {in_use} in use, limit {limit} (at {location})"
@@ -366,7 +383,9 @@ impl Error {
             | Error::NoGradient { .. }
             | Error::SeedLength { .. }
             | Error::BackwardTwice { .. } => ErrorClass::Gradient,
-            Error::SecondOrderUnsupported { .. } | Error::ForwardUnsupported { .. } => ErrorClass::Unsupported,
+            Error::SecondOrderUnsupported { .. }
+            | Error::ForwardUnsupported { .. }
+            | Error::PerExampleUnsupported { .. } => ErrorClass::Unsupported,
             Error::ArenaLimit { .. } => ErrorClass::ArenaLimit,
             Error::OutOfMemory { .. } | Error::TensorOutOfMemory { .. } | Error::TapeFull { .. } => ErrorClass::Memory,
             Error::WrongStore { .. } | Error::UnknownParam { .. } => ErrorClass::Param,
@@ -404,6 +423,7 @@ impl Error {
             | Error::Callback { op, .. }
             | Error::SecondOrderUnsupported { op, .. }
             | Error::ForwardUnsupported { op, .. }
+            | Error::PerExampleUnsupported { op, .. }
             | Error::Io { op, .. } => op,
         }
     }
@@ -435,7 +455,8 @@ impl Error {
             | Error::CustomOp { location, .. }
             | Error::Callback { location, .. }
             | Error::SecondOrderUnsupported { location, .. }
-            | Error::ForwardUnsupported { location, .. } => Some(location),
+            | Error::ForwardUnsupported { location, .. }
+            | Error::PerExampleUnsupported { location, .. } => Some(location),
         }
     }
 }

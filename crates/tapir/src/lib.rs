@@ -64,6 +64,7 @@ pub use dtype::Float;
 pub use error::{Error, ErrorClass, Loc, Result};
 pub use graph::forward::Level;
 pub use graph::graph::{Graph, GraphStats};
+pub use graph::per_example::PerExample;
 pub use graph::report::{MemoryReport, OpMemory};
 pub use graph::session::Session;
 pub use kernels::binary_fn::BinaryFn;

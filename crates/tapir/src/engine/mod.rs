@@ -9,3 +9,4 @@ pub(crate) mod custom;
 pub(crate) mod grad;
 pub(crate) mod jvp;
 pub(crate) mod nest;
+pub(crate) mod per_example;

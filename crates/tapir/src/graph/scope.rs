@@ -397,7 +397,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
 
     /// The checks every backward pass runs first, so that a failed one leaves the tape
     /// as it was: the scope's error, a consumed tape, the seed.
-    fn ready(
+    pub(crate) fn ready(
         tape: &State<'s, T>,
         (out, seed): (Var<'s, T>, Seed<'_, T>),
         op: &'static str,
@@ -507,7 +507,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
 
 /// A parameter node's store index and store identity, from its payload `[index, store
 /// identity low, high]` (see `Scope::param_node`).
-fn param_of<T>(tape: &State<'_, T>, at: u32) -> (usize, u64) {
+pub(crate) fn param_of<T>(tape: &State<'_, T>, at: u32) -> (usize, u64) {
     let e = &tape.extra[at as usize..at as usize + 3];
     (e[0] as usize, u64::from(e[1]) | (u64::from(e[2]) << 32))
 }

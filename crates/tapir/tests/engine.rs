@@ -20,6 +20,7 @@ mod gradients;
 mod hand_worked;
 mod names;
 mod nan;
+mod per_example;
 mod profile;
 mod second_order;
 mod second_order_props;

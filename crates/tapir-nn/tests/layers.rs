@@ -7,6 +7,7 @@ mod checkpoint;
 mod hardening;
 mod layer_gradients;
 mod maml;
+mod per_example;
 mod recompute;
 mod thread_bits;
 mod transformer;

@@ -173,6 +173,57 @@ impl Mlp {
     }
 }
 
+impl Mlp {
+    /// W2's step as DP-SGD without the noise: per-example gradient norms, each example's
+    /// gradient clipped to `max_norm`, the clipped sum averaged over the batch, SGD in
+    /// place (`Scope::per_example_store`, `PerExample::clipped_sum`). Returns the loss.
+    pub fn dp_step(&mut self, g: &mut Graph<f32>, max_norm: f32) -> f32 {
+        let (store, layers, x, labels) = (&self.store, &self.layers, &self.x, &self.labels);
+        let (loss, sum) = g.scope(|s| {
+            let xv = s.input(x);
+            let loss = forward(s, store, layers, xv).cross_entropy(labels);
+            let per = s.per_example_store(loss, (labels.len(), &[xv]), store).expect("W2 splits into examples");
+            (loss.item().expect("a scalar"), per.clipped_sum(max_norm).expect("fits").1)
+        });
+        // The loss is a mean, so each per-example gradient carries 1/B already.
+        for ((_, mut dst), src) in self.grads.iter_mut().zip(&sum) {
+            dst.data_mut().copy_from_slice(src.data());
+        }
+        self.sgd.step(&mut self.store, &self.grads).expect("the store the optimizer was made for");
+        loss
+    }
+
+    /// The materialised per-example gradients of W2's loss over the first `batch`
+    /// examples (`PerExample::grads`): one `[batch, ...]` tensor per parameter.
+    pub fn per_example_grads(&self, g: &mut Graph<f32>, batch: usize) -> Vec<Tensor<f32>> {
+        let (store, layers) = (&self.store, &self.layers);
+        let x = Tensor::from_vec(self.x.data()[..batch * MLP_DIMS[0]].to_vec(), &[batch, MLP_DIMS[0]]).expect("a valid shape");
+        let labels = &self.labels[..batch];
+        g.scope(|s| {
+            let xv = s.input(&x);
+            let loss = forward(s, store, layers, xv).cross_entropy(labels);
+            s.per_example_store(loss, (batch, &[xv]), store).expect("W2 splits into examples").grads().expect("fits")
+        })
+    }
+}
+
+/// W2's forward: linear layers with ReLU between them.
+fn forward<'s, 'g>(
+    s: &'s tapir::Scope<'s, 'g, f32>,
+    store: &'g ParamStore<f32>,
+    layers: &[(ParamId, ParamId)],
+    x: Var<'s, f32>,
+) -> Var<'s, f32> {
+    let mut h = x;
+    for (i, &(w, b)) in layers.iter().enumerate() {
+        h = h.linear(s.param(store, w), s.param(store, b));
+        if i + 1 < layers.len() {
+            h = h.relu();
+        }
+    }
+    h
+}
+
 impl Default for Mlp {
     fn default() -> Self {
         Mlp::new()

@@ -34,7 +34,7 @@ const CORE_LAYERS: Layers<'static> = &[
     ("engine", 5),
     // 6 the public API
     ("graph", 6),
-    ("func.rs", 6),
+    ("func", 6),
     ("testing.rs", 6),
     ("mono.rs", 6),
     ("lib.rs", 6),

@@ -24,6 +24,8 @@
 //! | `jacfwd` | one jvp per input element | `n` forward passes (small inputs, tall outputs) |
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
 
+pub mod tree;
+
 use crate::dtype::Float;
 use crate::error::{try_vec, Error, Loc, Result};
 use crate::graph::graph::Graph;

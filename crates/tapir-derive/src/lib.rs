@@ -70,7 +70,12 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         Fields::Unnamed(_) => quote!(#name ( #(#values),* )),
         Fields::Unit => quote!(#name),
     };
-    let record = build(access.iter().map(|a| quote!(::tapir::func::tree::Tree::<__T>::record(&self.#a, __t.map(|__t| &__t.#a), __leaves))).collect());
+    let record = build(
+        access
+            .iter()
+            .map(|a| quote!(::tapir::func::tree::Tree::<__T>::record(&self.#a, __t.map(|__t| &__t.#a), __leaves)))
+            .collect(),
+    );
     let grads = build(access.iter().map(|a| quote!(::tapir::func::tree::Tree::<__T>::grads(&self.#a, __g)?)).collect());
     let map = format_ident!("__L");
     Ok(quote! {

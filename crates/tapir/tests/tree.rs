@@ -157,10 +157,9 @@ fn frozen_parts_are_constants_with_no_gradient() {
     assert_eq!(dv, vec![(), ()]);
     // jvp with a frozen part takes `()` as its tangent: only `a` moves.
     let ta = t(&[1.0, 0.0, -1.0], &[3]);
-    let (_, jt) = tree::jvp(&mut g, &(&a, Frozen(&b), &c), &(ta.clone(), (), t(&[0.0], &[1])), |s, (a, b, c)| {
-        mix(s, &[a, b, c])
-    })
-    .unwrap();
+    let (_, jt) =
+        tree::jvp(&mut g, &(&a, Frozen(&b), &c), &(ta.clone(), (), t(&[0.0], &[1])), |s, (a, b, c)| mix(s, &[a, b, c]))
+            .unwrap();
     let dir: f64 = want[0].iter().zip(ta.data()).map(|(g, t)| g * t).sum();
     close(jt.data(), &[dir]);
 }
@@ -270,7 +269,8 @@ fn each_mismatched_tangent_is_an_error_naming_its_position() {
     names(&e, "hvp", "input.1[1]", &["[2]", "[1]"]);
     // An array inside a Frozen-free tuple.
     let arr = [a.clone(), c.clone()];
-    let e = tree::jvp(&mut g, &arr, &[t(&[0.0; 3], &[3]), t(&[0.0; 3], &[3])], |s, [a, c]| mix(s, &[a, c])).unwrap_err();
+    let e =
+        tree::jvp(&mut g, &arr, &[t(&[0.0; 3], &[3]), t(&[0.0; 3], &[3])], |s, [a, c]| mix(s, &[a, c])).unwrap_err();
     names(&e, "jvp", "input[1]", &["[3]", "[1]"]);
 }
 

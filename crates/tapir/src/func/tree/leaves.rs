@@ -367,7 +367,11 @@ impl<T: Float, X: Tree<T>> Tree<T> for Vec<X> {
         self.iter().zip(t).enumerate().try_for_each(|(i, (x, t))| at.at(format_args!("[{i}]"), |at| x.check(t, at)))
     }
 
-    fn record<'s, 'g>(&'g self, t: Option<&'g Vec<X::Grads>>, leaves: &mut Leaves<'s, 'g, T>) -> Vec<X::Map<Var<'s, T>>> {
+    fn record<'s, 'g>(
+        &'g self,
+        t: Option<&'g Vec<X::Grads>>,
+        leaves: &mut Leaves<'s, 'g, T>,
+    ) -> Vec<X::Map<Var<'s, T>>> {
         let t = |i: usize| t.and_then(|t| t.get(i));
         self.iter().enumerate().map(|(i, x)| x.record(t(i), leaves)).collect()
     }
@@ -385,7 +389,11 @@ impl<T: Float, X: Tree<T>, const N: usize> Tree<T> for [X; N] {
         self.iter().zip(t).enumerate().try_for_each(|(i, (x, t))| at.at(format_args!("[{i}]"), |at| x.check(t, at)))
     }
 
-    fn record<'s, 'g>(&'g self, t: Option<&'g [X::Grads; N]>, leaves: &mut Leaves<'s, 'g, T>) -> [X::Map<Var<'s, T>>; N] {
+    fn record<'s, 'g>(
+        &'g self,
+        t: Option<&'g [X::Grads; N]>,
+        leaves: &mut Leaves<'s, 'g, T>,
+    ) -> [X::Map<Var<'s, T>>; N] {
         std::array::from_fn(|i| self[i].record(t.map(|t| &t[i]), leaves))
     }
 

@@ -64,13 +64,23 @@ impl<'s, T: Float> ParamVars<Var<'s, T>> {
         let op = "ParamVars::get";
         if id.store() != self.store {
             let what = format!("parameter #{}", id.index());
-            return self.anchor.core.fail(Error::WrongStore { op, what, expected: id.store(), found: self.store, location });
+            return self.anchor.core.fail(Error::WrongStore {
+                op,
+                what,
+                expected: id.store(),
+                found: self.store,
+                location,
+            });
         }
         match self.leaves.get(id.index()) {
             Some(&v) => v,
             None => self.anchor.core.fail(Error::UnknownParam {
                 op,
-                detail: format!("parameter #{} is past the {} parameters the store held", id.index(), self.leaves.len()),
+                detail: format!(
+                    "parameter #{} is past the {} parameters the store held",
+                    id.index(),
+                    self.leaves.len()
+                ),
                 location,
             }),
         }
@@ -83,7 +93,11 @@ impl<T: Float> Tree<T> for ParamStore<T> {
 
     fn check(&self, t: &GradBuffer<T>, at: &mut Position) -> Result<()> {
         if t.store() != self.id() {
-            let detail = format!("the gradient buffer belongs to parameter store #{}, the input is store #{}", t.store(), self.id());
+            let detail = format!(
+                "the gradient buffer belongs to parameter store #{}, the input is store #{}",
+                t.store(),
+                self.id()
+            );
             return Err(at.mismatch(detail));
         }
         if t.len() != self.len() {

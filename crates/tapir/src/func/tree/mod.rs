@@ -43,6 +43,19 @@
 //! # fn main() {}
 //! ```
 //!
+//! Every field of a derived struct is a structure of the leaf (`L`, `Vec<L>`, `[L; N]`, a
+//! tuple of them, another derived struct); a field of another type, a second type
+//! parameter or an enum is a compile error. [`Frozen`] wraps a whole input, not a field
+//! (its gradient `()` is not a field's type): pass a frozen part beside the struct,
+//! `&(&net, Frozen(&data))`.
+//!
+//! ```compile_fail
+//! # #[cfg(not(feature = "derive"))]
+//! # compile_error!("the derive needs the feature");
+//! #[derive(tapir::func::tree::Tree)]
+//! struct Two<L, M> { w: L, b: M } // one type parameter, the leaf, only
+//! ```
+//!
 //! A tangent ([`jvp`], [`hvp`]) has the structure of the gradients, and is checked
 //! against the input before anything is recorded: a list of another length, a tensor of
 //! another shape, a gradient buffer of another store is an [`Error::Structure`] naming

@@ -253,6 +253,21 @@ pub enum Error {
         /// Caller's location.
         location: Loc,
     },
+    /// A structure of tensors given to a [`func::tree`](crate::func::tree) transform does
+    /// not match the input's: a list of another length, a tensor of another shape, a
+    /// gradient buffer of another parameter store.
+    #[error("{op}: at {position}, {detail} (at {location})")]
+    Structure {
+        /// The transform.
+        op: &'static str,
+        /// Where in the structure, as a Rust path from the input: `input.1[3]`, `input.w`,
+        /// `input["layer1.w"]`.
+        position: String,
+        /// What differs, with the shapes or lengths of both sides.
+        detail: String,
+        /// Caller's location.
+        location: Loc,
+    },
     /// More nodes than a `u32` can index.
     #[error("{op}: tape holds {len} nodes, the u32 limit; split the work into scopes (at {location})")]
     TapeFull {
@@ -377,7 +392,8 @@ impl Error {
             | Error::BadAxis { .. }
             | Error::InvalidShape { .. }
             | Error::ShapeList { .. }
-            | Error::DataLength { .. } => ErrorClass::Shape,
+            | Error::DataLength { .. }
+            | Error::Structure { .. } => ErrorClass::Shape,
             Error::IndexOutOfRange { .. } => ErrorClass::Index,
             Error::NotScalar { .. }
             | Error::NoGradient { .. }
@@ -415,6 +431,7 @@ impl Error {
             | Error::OutOfMemory { op, .. }
             | Error::TensorOutOfMemory { op, .. }
             | Error::WrongStore { op, .. }
+            | Error::Structure { op, .. }
             | Error::TapeFull { op, .. }
             | Error::NonFinite { op, .. }
             | Error::InvalidArgument { op, .. }
@@ -448,6 +465,7 @@ impl Error {
             | Error::OutOfMemory { location, .. }
             | Error::TensorOutOfMemory { location, .. }
             | Error::WrongStore { location, .. }
+            | Error::Structure { location, .. }
             | Error::TapeFull { location, .. }
             | Error::NonFinite { location, .. }
             | Error::InvalidArgument { location, .. }

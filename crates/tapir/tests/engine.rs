@@ -27,3 +27,5 @@ mod second_order_props;
 mod semantics;
 mod session;
 mod tensor;
+mod tree;
+mod tree_derive;

@@ -96,7 +96,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         self.dual_at(level, x, t, Location::caller())
     }
 
-    fn dual_at(&'s self, level: Level<'s>, x: Var<'s, T>, t: Var<'s, T>, location: Loc) -> Var<'s, T> {
+    pub(crate) fn dual_at(&'s self, level: Level<'s>, x: Var<'s, T>, t: Var<'s, T>, location: Loc) -> Var<'s, T> {
         let Some(index) = self.open(level, "dual", location) else { return self.core.poison() };
         let (sx, st) = (x.shape(), t.shape());
         if sx != st {
@@ -123,7 +123,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         self.tangent_at(level, y, Location::caller())
     }
 
-    fn tangent_at(&'s self, level: Level<'s>, y: Var<'s, T>, location: Loc) -> Var<'s, T> {
+    pub(crate) fn tangent_at(&'s self, level: Level<'s>, y: Var<'s, T>, location: Loc) -> Var<'s, T> {
         let Some(index) = self.open(level, "tangent", location) else { return self.core.poison() };
         let t = self.core.tape.borrow().tangents.get(index, y.id);
         match t {

@@ -8,9 +8,21 @@
 //! function is a closure over the scope and the input handle,
 //! `for<'s> Fn(&'s Scope<'s, 'g, T>, Var<'s, T>) -> Var<'s, T>`: it works for every
 //! scope's brand `'s`, so nothing it records can escape, and it may read tensors that
-//! outlive the call (`'g`, the borrow of the graph) with [`Scope::input`]. A function of several tensors
-//! flattens and concatenates them, or records them as leaves itself and uses
-//! `Scope::grad` directly.
+//! outlive the call (`'g`, the borrow of the graph) with [`Scope::input`].
+//!
+//! A function of several tensors (a tuple, an array, a `Vec`, a [`ParamStore`](crate::ParamStore),
+//! a struct) uses the same transforms in [`tree`]: [`tree::grad`], [`tree::value_and_grad`],
+//! [`tree::vjp`], [`tree::jvp`] and [`tree::hvp`] take any [`tree::Tree`] and return the
+//! gradients with the input's structure; [`tree::Frozen`] leaves parts undifferentiated.
+//!
+//! ```
+//! # fn main() -> Result<(), tapir::Error> {
+//! let (w, b) = (tapir::Tensor::from_vec(vec![3.0f64], &[1])?, tapir::Tensor::from_vec(vec![1.0], &[1])?);
+//! let mut graph = tapir::Graph::new();
+//! let (dw, db) = tapir::func::tree::grad(&mut graph, &(&w, &b), |_, (w, b)| (w * b).sum())?;
+//! assert_eq!((dw.data(), db.data()), (&[1.0][..], &[3.0][..]));
+//! # Ok(()) }
+//! ```
 //!
 //! Costs, with `C` the cost of one evaluation of `f` (a gradient costs about `2–3 C`):
 //!
@@ -23,6 +35,8 @@
 //! | `jacobian` | one vjp per output element | `m` gradients (small outputs) |
 //! | `jacfwd` | one jvp per input element | `n` forward passes (small inputs, tall outputs) |
 //! | `hessian` | one gradient of each gradient element | `n` gradients (small inputs) |
+
+pub mod tree;
 
 use crate::dtype::Float;
 use crate::error::{try_vec, Error, Loc, Result};

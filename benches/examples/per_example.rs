@@ -8,7 +8,8 @@
 //! - `step`: W2's ordinary step at batch 256 (forward, `backward_into`, SGD);
 //! - `dp`: the same step as DP-SGD without noise at batch 256 (per-example norms, clipping
 //!   to 1.0, the clipped sum, SGD: `Mlp::dp_step`), and its ratio to `step`;
-//! - `grads32`: the materialised per-example gradients at batch 32 (`Mlp::per_example_grads`).
+//! - `grads32`: the materialised per-example gradients at batch 32 (`Mlp::per_example_grads`),
+//!   fresh tensors each call, and into tensors reused from call to call (`grads_into`).
 //!
 //! Each repetition times 8 calls of each (after 2 warm-up calls) and keeps the median; the
 //! figures printed are the medians over repetitions, in ms. `benches/compare/per_example_torch.py`
@@ -36,9 +37,10 @@ fn main() {
     tapir::init_threads(threads).expect("no parallel work before this");
     let mut g = benches::graph(threads);
     let mut mlp = benches::Mlp::new();
-    let mut r: [Vec<f64>; 3] = Default::default();
+    let mut r: [Vec<f64>; 4] = Default::default();
+    let mut reused = vec![];
     for rep in 0..reps {
-        let order: [usize; 3] = if rep % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        let order: [usize; 4] = if rep % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
         for i in order {
             let v = match i {
                 0 => time(8, || {
@@ -47,16 +49,20 @@ fn main() {
                 1 => time(8, || {
                     mlp.dp_step(&mut g, 1.0);
                 }),
-                _ => time(8, || {
+                2 => time(8, || {
                     std::hint::black_box(mlp.per_example_grads(&mut g, 32));
+                }),
+                _ => time(8, || {
+                    mlp.per_example_grads_into(&mut g, 32, &mut reused);
+                    std::hint::black_box(&reused);
                 }),
             };
             r[i].push(v);
         }
     }
     let ratios: Vec<f64> = r[1].iter().zip(&r[0]).map(|(d, s)| d / s).collect();
-    let [step, dp, grads] = &mut r;
-    let (a, b, c) = (benches::median(step), benches::median(dp), benches::median(grads));
+    let [step, dp, grads, into] = &mut r;
+    let (a, b, c, d) = (benches::median(step), benches::median(dp), benches::median(grads), benches::median(into));
     println!("threads {threads}, {reps} repetitions");
-    println!("tapir step {a:.2} ms, dp-sgd step {b:.2} ms, dp/step {:.3} (median of paired {:.3}), per-example grads at batch 32 {c:.2} ms", b / a, benches::median(&mut ratios.clone()));
+    println!("tapir step {a:.2} ms, dp-sgd step {b:.2} ms, dp/step {:.3} (median of paired {:.3}), per-example grads at batch 32 {c:.2} ms (into reused tensors {d:.2} ms)", b / a, benches::median(&mut ratios.clone()));
 }

@@ -196,14 +196,23 @@ impl Mlp {
     /// The materialised per-example gradients of W2's loss over the first `batch`
     /// examples (`PerExample::grads`): one `[batch, ...]` tensor per parameter.
     pub fn per_example_grads(&self, g: &mut Graph<f32>, batch: usize) -> Vec<Tensor<f32>> {
+        let mut out = vec![];
+        self.per_example_grads_into(g, batch, &mut out);
+        out
+    }
+
+    /// As [`per_example_grads`](Mlp::per_example_grads), into `out`'s tensors, allocated
+    /// on the first call only (`PerExample::grads_into`).
+    pub fn per_example_grads_into(&self, g: &mut Graph<f32>, batch: usize, out: &mut Vec<Tensor<f32>>) {
         let (store, layers) = (&self.store, &self.layers);
         let x = Tensor::from_vec(self.x.data()[..batch * MLP_DIMS[0]].to_vec(), &[batch, MLP_DIMS[0]]).expect("a valid shape");
         let labels = &self.labels[..batch];
         g.scope(|s| {
             let xv = s.input(&x);
             let loss = forward(s, store, layers, xv).cross_entropy(labels);
-            s.per_example_store(loss, (batch, &[xv]), store).expect("W2 splits into examples").grads().expect("fits")
-        })
+            let per = s.per_example_store(loss, (batch, &[xv]), store).expect("W2 splits into examples");
+            per.grads_into(out).expect("fits");
+        });
     }
 }
 

@@ -493,6 +493,18 @@ pub(crate) fn try_vec<T: Clone>(op: &'static str, shape: Shape, n: usize, v: T, 
     Ok(out)
 }
 
+/// A vector of `n` zeros, allocated fallibly and zeroed by the allocator
+/// (`alloc_zeroed`: fresh pages come zeroed from the kernel, so nothing is written until
+/// the caller writes); errors as [`try_vec`].
+pub(crate) fn try_zeros<T: bytemuck::Pod>(op: &'static str, shape: Shape, n: usize, location: Loc) -> Result<Vec<T>> {
+    bytemuck::allocation::try_zeroed_slice_box(n).map(Vec::from).map_err(|()| Error::TensorOutOfMemory {
+        op,
+        shape,
+        requested: n.saturating_mul(std::mem::size_of::<T>()),
+        location,
+    })
+}
+
 /// Makes a [`Shape`] from dimensions, or the [`Error::InvalidShape`] that names `op`, the
 /// input's shape and the caller's location.
 #[track_caller]

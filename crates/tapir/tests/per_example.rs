@@ -240,3 +240,30 @@ fn nodes_beside_the_loss_may_combine_examples() {
         }
     }
 }
+
+#[test]
+fn grads_into_overwrites_reused_tensors_and_replaces_misshapen_ones() {
+    let (b, k) = (3, 4);
+    let x = random(&[b, k], 61);
+    let (w, v) = (random(&[k, k], 62), random(&[k, 2], 63));
+    let mut graph = Graph::<f64>::new();
+    // Stale values everywhere: one tensor of the right shape, one of a wrong shape.
+    let mut out = vec![Tensor::from_vec(vec![7.0; b * k * k], &[b, k, k]).unwrap(), Tensor::zeros(&[1]).unwrap()];
+    let fresh = graph.scope(|s| {
+        let (xv, wv, vv) = (s.input(&x), s.leaf(&w), s.leaf(&v));
+        // `w` read twice (through the lane's buffers), `v` once (written directly).
+        let loss = x_loss(xv, wv, vv);
+        let per = s.per_example(loss, (b, &[xv]), &[wv, vv]).unwrap();
+        per.grads_into(&mut out).unwrap();
+        per.grads().unwrap()
+    });
+    assert_eq!(out.len(), 2);
+    for (a, f) in out.iter().zip(&fresh) {
+        assert_eq!(a.dims(), f.dims());
+        assert_eq!(a.data(), f.data());
+    }
+}
+
+fn x_loss<'s>(x: Var<'s, f64>, w: Var<'s, f64>, v: Var<'s, f64>) -> Var<'s, f64> {
+    x.matmul(w).tanh().matmul(w).matmul(v).square().sum()
+}

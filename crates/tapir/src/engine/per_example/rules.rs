@@ -60,15 +60,26 @@ impl Lane {
 }
 
 /// Adds boundary `b`'s contribution from `lane` to `dst` (the gradient of `b.p`), `dout`
-/// being the lane's slice of `b.v`'s gradient. `stats` is scratch for layer norms.
+/// being the lane's slice of `b.v`'s gradient; with `write`, `dst`'s elements are
+/// unspecified and are overwritten instead (a fresh output is then written once, not
+/// read first). `stats` is scratch for layer norms.
 pub(crate) fn contribute<'s, T: Float>(
     tape: &State<'s, T>,
     b: &Boundary<'s>,
-    lane: Lane,
+    (lane, write): (Lane, bool),
     dout: &[T],
     dst: &mut [T],
     (par, stats): (Par, &mut Vec<T>),
 ) {
+    let op = tape.nodes[b.v.index()].op;
+    let writes = match op {
+        Op::Linear { w, x, .. } => b.p == w && tape.shape(x).numel() > 0 && tape.shape(w).numel() > 0,
+        _ => false,
+    };
+    if write && !writes {
+        dst.fill(T::ZERO);
+    }
+    let add = !(write && writes);
     let out = tape.shape(b.v);
     let so = lane.shape(out);
     // An operand aligned with the output row by row is sliced too; a broadcast one is whole.
@@ -80,12 +91,23 @@ pub(crate) fn contribute<'s, T: Float>(
             (tape.value(x), s)
         }
     };
-    match tape.nodes[b.v.index()].op {
+    match op {
         Op::Linear { x, w, b: bias } => {
             let (k, cols) = (tape.shape(w).dim(0), tape.shape(w).dim(1));
             let m = if cols > 0 { so.numel() / cols } else { 0 };
-            if b.p == w && m > 0 && k > 0 && cols > 0 {
-                T::gemm(dst, lane.slice(tape.value(x)), true, dout, false, (k, m, cols), true, par);
+            if b.p == w && m == 1 && cols > 0 {
+                // One row per example: an outer product, faster as a loop than as a GEMM.
+                for (row, &xa) in dst.chunks_exact_mut(cols).zip(lane.slice(tape.value(x))) {
+                    if add {
+                        row.iter_mut().zip(dout).for_each(|(d, &g)| *d += xa * g);
+                    } else {
+                        row.iter_mut().zip(dout).for_each(|(d, &g)| *d = xa * g);
+                    }
+                }
+            } else if b.p == w && m > 0 && k > 0 && cols > 0 {
+                T::gemm(dst, lane.slice(tape.value(x)), true, dout, false, (k, m, cols), add, par);
+            } else if b.p == w && !add {
+                dst.fill(T::ZERO);
             }
             if b.p == bias && cols > 0 {
                 for row in dout.chunks_exact(cols) {

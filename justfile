@@ -20,6 +20,13 @@ compare-py:
 test-py *ARGS:
     crates/tapir-py/test.sh {{ARGS}}
 
+# Per-example gradients on the W2 MLP beside torch.func.vmap(grad), alternated in one run:
+# DP-SGD at batch 256 against the ordinary step, materialised gradients at batch 32
+# (needs `just compare-setup` for torch; PY overrides the interpreter).
+bench-per-example THREADS="1" REPS="5" PY="benches/compare/.venv/bin/python":
+    cargo build --release -p benches --example per_example
+    for i in 1 2; do target/release/examples/per_example {{THREADS}} {{REPS}}; CUDA_VISIBLE_DEVICES= {{PY}} benches/compare/per_example_torch.py {{THREADS}} {{REPS}}; done
+
 # tapir-dist under mpirun with 1, 2 and 4 ranks (installs OpenMPI from Debian's packages if missing).
 test-mpi *RANKS:
     .ci/install-mpi

@@ -6,6 +6,8 @@
 
 use std::panic::Location;
 
+use faer::Par;
+
 use crate::dtype::Float;
 use crate::engine::backward;
 use crate::engine::per_example::rules::{self, Lane};
@@ -19,6 +21,7 @@ use crate::record::state::Seed;
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
+use crate::tape::tape::Tape;
 use crate::tensor::Tensor;
 
 const OP: &str = "per_example";
@@ -214,28 +217,33 @@ impl<'s, T: Float> PerExample<'s, T> {
             })
             .collect();
         let rest: Vec<bool> = direct.iter().map(|d| !d).collect();
-        let mut written = vec![false; out.len()];
-        for e in 0..batch {
-            let lane = Lane { e0: e, n: 1, batch };
-            written.fill(false);
-            for (b, d) in self.plan.boundaries.iter().zip(&douts) {
-                if direct[b.param] && !d.is_empty() {
-                    let n = self.plan.shapes[b.param].numel();
-                    let dst = &mut out[b.param].data_mut()[e * n..(e + 1) * n];
-                    let write = !std::mem::replace(&mut written[b.param], true);
-                    rules::contribute(&tape, b, (lane, write), lane.slice(d), dst, (self.core.par, &mut stats));
+        // Examples write disjoint blocks: spread them over the threads, each contribution
+        // on one thread (the bits do not depend on the thread count).
+        let threads = crate::kernels::par::threads(self.core.par);
+        for (i, t) in out.iter_mut().enumerate().filter(|(i, _)| direct[*i]) {
+            let n = self.plan.shapes[i].numel();
+            let mine: Vec<_> =
+                self.plan.boundaries.iter().zip(&douts).filter(|(b, d)| b.param == i && !d.is_empty()).collect();
+            if mine.is_empty() || n == 0 {
+                t.data_mut().fill(T::ZERO);
+                continue;
+            }
+            let tape: &Tape<'s, T> = &tape.tape;
+            crate::kernels::par::for_chunks(threads, t.data_mut(), n, &|start, dst: &mut [T]| {
+                let lane = Lane { e0: start / n, n: 1, batch };
+                let mut stats = vec![];
+                for (j, (b, d)) in mine.iter().enumerate() {
+                    rules::contribute(tape, b, (lane, j == 0), lane.slice(d), dst, (Par::Seq, &mut stats));
                 }
-            }
-            if rest.iter().any(|&r| r) {
-                self.lane(&tape, lane, &douts, &mut bufs, Some(&rest), &mut stats);
-            }
-            for (i, t) in out.iter_mut().enumerate() {
-                let n = self.plan.shapes[i].numel();
-                let dst = &mut t.data_mut()[e * n..(e + 1) * n];
-                if !written[i] {
+            });
+        }
+        if rest.iter().any(|&r| r) {
+            for e in 0..batch {
+                self.lane(&tape, Lane { e0: e, n: 1, batch }, &douts, &mut bufs, Some(&rest), &mut stats);
+                for (i, t) in out.iter_mut().enumerate().filter(|(i, _)| rest[*i]) {
+                    let n = self.plan.shapes[i].numel();
+                    let dst = &mut t.data_mut()[e * n..(e + 1) * n];
                     dst.fill(T::ZERO);
-                }
-                if rest[i] {
                     for &(p, _) in self.plan.roots.iter().filter(|r| r.1 == i) {
                         crate::kernels::add_assign(dst, bufs[p.index()].as_deref().expect("every parameter has a buffer"));
                     }
@@ -398,7 +406,7 @@ impl<'s, T: Float> PerExample<'s, T> {
                 continue;
             }
             let dst = bufs[b.p.index()].as_deref_mut().expect("every boundary has a buffer");
-            rules::contribute(tape, b, (lane, false), lane.slice(d), dst, (self.core.par, stats));
+            rules::contribute(&tape.tape, b, (lane, false), lane.slice(d), dst, (self.core.par, stats));
         }
         rules::follow(tape, &self.plan, bufs);
     }

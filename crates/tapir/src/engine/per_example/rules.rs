@@ -17,6 +17,7 @@ use crate::record::handles::State;
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::Op;
+use crate::tape::tape::Tape;
 
 /// Whether a parameter-only operand of shape `p` is broadcast over the batch axis of an
 /// output of rank `out_rank` (not aligned with it row by row).
@@ -64,7 +65,7 @@ impl Lane {
 /// unspecified and are overwritten instead (a fresh output is then written once, not
 /// read first). `stats` is scratch for layer norms.
 pub(crate) fn contribute<'s, T: Float>(
-    tape: &State<'s, T>,
+    tape: &Tape<'s, T>,
     b: &Boundary<'s>,
     (lane, write): (Lane, bool),
     dout: &[T],

@@ -205,7 +205,8 @@ impl Mlp {
     /// on the first call only (`PerExample::grads_into`).
     pub fn per_example_grads_into(&self, g: &mut Graph<f32>, batch: usize, out: &mut Vec<Tensor<f32>>) {
         let (store, layers) = (&self.store, &self.layers);
-        let x = Tensor::from_vec(self.x.data()[..batch * MLP_DIMS[0]].to_vec(), &[batch, MLP_DIMS[0]]).expect("a valid shape");
+        let x = Tensor::from_vec(self.x.data()[..batch * MLP_DIMS[0]].to_vec(), &[batch, MLP_DIMS[0]])
+            .expect("a valid shape");
         let labels = &self.labels[..batch];
         g.scope(|s| {
             let xv = s.input(&x);

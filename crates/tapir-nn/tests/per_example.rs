@@ -6,11 +6,16 @@
 
 use rand::{RngExt, SeedableRng};
 use tapir::{Conv2dOptions, Graph, ParamStore, Tensor, Var};
-use tapir_nn::{Activation, Conv2d, Ctx, Dropout, Embedding, Flatten, LayerNorm, Linear, MaxPool2d, Module, Sequential};
+use tapir_nn::{
+    Activation, Conv2d, Ctx, Dropout, Embedding, Flatten, LayerNorm, Linear, MaxPool2d, Module, Sequential,
+};
 
 /// The model's loss for examples `e0..e0 + n`: `(ctx, the examples' input) -> (loss, the
 /// value to list as the examples)`.
 type Model<'a> = &'a dyn for<'s, 'g> Fn(Ctx<'s, 'g, f64>, usize, usize) -> (Var<'s, f64>, Var<'s, f64>);
+
+/// A loss of a model's input.
+type Head<'a> = &'a dyn for<'s, 'g> Fn(Ctx<'s, 'g, f64>, Var<'s, f64>) -> Var<'s, f64>;
 
 fn random(dims: &[usize], seed: u64) -> Tensor<f64> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -128,8 +133,7 @@ fn dropout_draws_per_example_and_the_gradients_sum_to_the_batch_gradient() {
         .push(Dropout::new(0.5, 7).unwrap())
         .push(Linear::new(&mut store, "fc2", 16, 2, &mut rng).unwrap());
     let (x, r, batch) = (random(&[4, 5], 31), random(&[4, 2], 32), 4);
-    let loss: &dyn for<'s, 'g> Fn(Ctx<'s, 'g, f64>, Var<'s, f64>) -> Var<'s, f64> =
-        &|cx, xv| (model.forward(cx, xv) * part(cx, &r, batch, (0, batch))).sum();
+    let loss: Head<'_> = &|cx, xv| (model.forward(cx, xv) * part(cx, &r, batch, (0, batch))).sum();
     // Two graphs on their first step draw the same masks.
     let (mut g1, mut g2) = (Graph::<f64>::new(), Graph::<f64>::new());
     let mut whole = store.zeros_like().unwrap();
@@ -141,7 +145,8 @@ fn dropout_draws_per_example_and_the_gradients_sum_to_the_batch_gradient() {
     // fc1.weight's per-example gradients: the masks differ between examples, so the
     // examples' zero columns (dropped units) differ.
     let w1 = &per[0];
-    let dropped = |e: usize| -> Vec<bool> { (0..16).map(|j| (0..5).all(|i| w1.data()[e * 80 + i * 16 + j] == 0.0)).collect() };
+    let dropped =
+        |e: usize| -> Vec<bool> { (0..16).map(|j| (0..5).all(|i| w1.data()[e * 80 + i * 16 + j] == 0.0)).collect() };
     assert!((1..batch).any(|e| dropped(e) != dropped(0)), "every example dropped the same units");
     for (g, (_, w)) in per.iter().zip(whole.iter()) {
         let n = w.data().len();

@@ -8,7 +8,8 @@ use tapir::{Error, Graph, Scope, Tensor, Var};
 
 /// A loss of a batch: `(scope, the batch's example values, parameters, first example,
 /// number of examples) -> loss`, where the loss is the sum of per-example terms.
-type Loss<'a> = &'a dyn for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, Var<'s, f64>, &[Var<'s, f64>], usize, usize) -> Var<'s, f64>;
+type Loss<'a> =
+    &'a dyn for<'s, 'g> Fn(&'s Scope<'s, 'g, f64>, Var<'s, f64>, &[Var<'s, f64>], usize, usize) -> Var<'s, f64>;
 
 fn random(dims: &[usize], seed: u64) -> Tensor<f64> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -66,7 +67,12 @@ fn check(x: &Tensor<f64>, batch: usize, params: &[Tensor<f64>], loss: Loss<'_>) 
         let xv = s.input(x);
         let per = s.per_example(loss(s, xv, &ps, 0, batch), (batch, &[xv]), &ps).unwrap();
         assert_eq!(per.batch(), batch);
-        (per.grads().unwrap(), per.norms().unwrap(), per.weighted_sum(&weights).unwrap(), per.clipped_sum(bound).unwrap())
+        (
+            per.grads().unwrap(),
+            per.norms().unwrap(),
+            per.weighted_sum(&weights).unwrap(),
+            per.clipped_sum(bound).unwrap(),
+        )
     });
     for (i, (g, w)) in grads.iter().zip(&want).enumerate() {
         let mut dims = vec![batch];
@@ -232,10 +238,10 @@ fn nodes_beside_the_loss_may_combine_examples() {
     for e in 0..4 {
         let xe = &x.data()[e * 3..(e + 1) * 3];
         let ye: Vec<f64> = (0..2).map(|j| (0..3).map(|i| xe[i] * w.data()[i * 2 + j]).sum()).collect();
-        for i in 0..3 {
-            for j in 0..2 {
+        for (i, &xi) in xe.iter().enumerate() {
+            for (j, &yj) in ye.iter().enumerate() {
                 let got = per[0].data()[e * 6 + i * 2 + j];
-                assert!((got - 2.0 * xe[i] * ye[j]).abs() < 1e-12);
+                assert!((got - 2.0 * xi * yj).abs() < 1e-12);
             }
         }
     }

@@ -13,9 +13,9 @@ use crate::engine::backward;
 use crate::engine::per_example::rules::{self, Lane};
 use crate::engine::per_example::{plan, Flow, Plan};
 use crate::error::{try_vec, try_zeros, Error, Loc, Result};
-use crate::record::ctx::alloc_error;
 use crate::graph::scope::param_of;
 use crate::params::ParamStore;
+use crate::record::ctx::alloc_error;
 use crate::record::handles::{Core, Scope, State, Var};
 use crate::record::state::Seed;
 use crate::shape::Shape;
@@ -137,8 +137,16 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
             tape.nodes[i].requires_grad = false;
         }
         let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
-        let result =
-            backward::run_with(&mut tape, arena, par, (loss.id, Seed::One), location, (anomaly, false), |_, _| {}, |_, _| {});
+        let result = backward::run_with(
+            &mut tape,
+            arena,
+            par,
+            (loss.id, Seed::One),
+            location,
+            (anomaly, false),
+            |_, _| {},
+            |_, _| {},
+        );
         for &i in &cut {
             tape.nodes[i].requires_grad = true;
         }
@@ -245,7 +253,10 @@ impl<'s, T: Float> PerExample<'s, T> {
                     let dst = &mut t.data_mut()[e * n..(e + 1) * n];
                     dst.fill(T::ZERO);
                     for &(p, _) in self.plan.roots.iter().filter(|r| r.1 == i) {
-                        crate::kernels::add_assign(dst, bufs[p.index()].as_deref().expect("every parameter has a buffer"));
+                        crate::kernels::add_assign(
+                            dst,
+                            bufs[p.index()].as_deref().expect("every parameter has a buffer"),
+                        );
                     }
                 }
             }
@@ -367,8 +378,7 @@ impl<'s, T: Float> PerExample<'s, T> {
             });
         }
         let norms = self.norms()?;
-        let weights: Vec<T> =
-            norms.iter().map(|&n| if n > max_norm { max_norm / n } else { T::ONE }).collect();
+        let weights: Vec<T> = norms.iter().map(|&n| if n > max_norm { max_norm / n } else { T::ONE }).collect();
         Ok((norms, self.weighted_sum(&weights)?))
     }
 

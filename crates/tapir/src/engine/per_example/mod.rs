@@ -89,7 +89,11 @@ pub(crate) fn plan<'s, T: Float>(
         location,
     };
     if examples.is_empty() || batch == 0 {
-        return Err(fail(OP, vec![], format!("needs a positive batch size (got {batch}) and at least one value holding the examples")));
+        return Err(fail(
+            OP,
+            vec![],
+            format!("needs a positive batch size (got {batch}) and at least one value holding the examples"),
+        ));
     }
     for (i, &x) in examples.iter().enumerate() {
         let s = tape.shape(x);
@@ -151,12 +155,12 @@ pub(crate) fn plan<'s, T: Float>(
         let flow = if examples.contains(&id) {
             Flow::Major
         } else if has(Flow::Reduced) {
-            if has(Flow::Major) || has(Flow::Free) || !after_reduction(&node.op, |x| of(x)) {
+            if has(Flow::Major) || has(Flow::Free) || !after_reduction(&node.op, of) {
                 return Err(fail(name, shapes(), combined_detail(has(Flow::Major), has(Flow::Free))));
             }
             Flow::Reduced
         } else if has(Flow::Major) {
-            match major(tape, &node.op, node.shape, batch, |x| of(x)) {
+            match major(tape, &node.op, node.shape, batch, of) {
                 Ok(flow) => flow,
                 Err(detail) => return Err(fail(name, shapes(), detail)),
             }
@@ -325,9 +329,7 @@ fn major<'s, T: Float>(
                 need(rows(out), "an index_select whose output does not hold the examples' rows")
             }
         }
-        Op::Sum { .. } | Op::CrossEntropy { .. } | Op::NllLoss { .. } | Op::BceWithLogits { .. } => {
-            Ok(Flow::Reduced)
-        }
+        Op::Sum { .. } | Op::CrossEntropy { .. } | Op::NllLoss { .. } | Op::BceWithLogits { .. } => Ok(Flow::Reduced),
         Op::SumAxis { axis, .. } => Ok(if axis == 0 { Flow::Reduced } else { Flow::Major }),
         Op::MaxAxis { axis, .. } => axis0(axis, "a max"),
         Op::MinAxis { axis, .. } => axis0(axis, "a min"),

@@ -95,7 +95,7 @@ pub(crate) fn contribute<'s, T: Float>(
     match op {
         Op::Linear { x, w, b: bias } => {
             let (k, cols) = (tape.shape(w).dim(0), tape.shape(w).dim(1));
-            let m = if cols > 0 { so.numel() / cols } else { 0 };
+            let m = so.numel().checked_div(cols).unwrap_or(0);
             if b.p == w && m == 1 && cols > 0 {
                 // One row per example: an outer product, faster as a loop than as a GEMM.
                 for (row, &xa) in dst.chunks_exact_mut(cols).zip(lane.slice(tape.value(x))) {
@@ -220,7 +220,7 @@ pub(crate) fn ghost<'s, T: Float>(
         _ => return,
     };
     let cols = *tape.shape(b.v).dims().last().expect("a matrix") as usize;
-    let (vx, rows) = (tape.value(x), if cols > 0 { dout.len() / cols / batch } else { 0 });
+    let (vx, rows) = (tape.value(x), dout.len().checked_div(cols).unwrap_or(0) / batch);
     if rows == 0 || cols == 0 {
         return;
     }

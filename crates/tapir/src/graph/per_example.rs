@@ -10,8 +10,9 @@ use faer::Par;
 
 use crate::dtype::Float;
 use crate::engine::backward;
+use crate::engine::per_example::plan::plan;
 use crate::engine::per_example::rules::{self, Lane};
-use crate::engine::per_example::{plan, Flow, Plan};
+use crate::engine::per_example::{Flow, Plan};
 use crate::error::{try_vec, try_zeros, Error, Loc, Result};
 use crate::graph::scope::param_of;
 use crate::params::ParamStore;

@@ -8,8 +8,9 @@
 //! `k ≥ 1` (the weights tell the inputs apart, so a swapped slot changes the gradients),
 //! then does what its [`Misbehave`] says: nothing, return an error, panic, or hand back
 //! other slots than it was given (shorter, dropped, swapped, moved into another input's
-//! place, split in two). Its recorded derivative ([`CustomOp::grad`]) is always right, so a
-//! well-behaved one is gradient-checked to second order in smooth programs.
+//! place, split in two). Its recorded derivative ([`CustomOp::grad`]) and its forward rule
+//! ([`CustomOp::jvp`]) are always right, so a well-behaved one is gradient-checked to second
+//! order and tangent-checked in smooth programs.
 //!
 //! The checker (`check.rs`, `buffer.rs`) holds the engine to: a misbehaving backward is
 //! either harmless (it handed back exactly the slots it was given, which [`Misbehave::effective`]
@@ -273,6 +274,26 @@ impl<T: Float> CustomOp<T> for Misbehave {
         let sum = g.sum();
         for (k, (x, d)) in inputs.iter().zip(dinputs.iter_mut()).enumerate() {
             *d = Some(if k == 0 { g } else { sum.mul_scalar(weight(k)).broadcast_to(&x.shape().to_vec()) });
+        }
+        true
+    }
+
+    /// `ẏ = ẋ₀ + Σₖ (k+1)·Σ ẋₖ`: the op is linear, so its tangent is the op on the tangents.
+    fn jvp<'s>(
+        &self,
+        inputs: &[Var<'s, T>],
+        _: Var<'s, T>,
+        tangents: &[Option<Var<'s, T>>],
+        tangent: &mut Option<Var<'s, T>>,
+    ) -> bool {
+        let shape = inputs[0].shape().to_vec();
+        for (k, t) in tangents.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            let term = if k == 0 { t } else { t.sum().mul_scalar(weight(k)).broadcast_to(&shape) };
+            *tangent = Some(match *tangent {
+                Some(acc) => acc + term,
+                None => term,
+            });
         }
         true
     }

@@ -8,7 +8,7 @@
 //! differentiating twice with [`Scope::grad`](tapir::Scope::grad) instead, for comparison.
 //!
 //! ```text
-//! cargo run --release -p tapir-nn --example pinn      # ~10 s on 2 cores
+//! cargo run --release -p tapir-nn --example pinn      # under a second on 2 cores
 //! ```
 //!
 //! Options: `--steps N` (default 6000), `--seed N` (weights; default 0), `--mode

@@ -186,11 +186,9 @@ pub enum Error {
     /// program it cannot split into examples: an op that combines examples before the loss
     /// (a reduction, softmax or product over the batch axis), a parameter used by an op
     /// with no per-example rule, or a term of the loss that depends on no example.
-    #[error("{op}: {detail}: op `{culprit}` (input shapes {inputs}) (at {location})", inputs = list(inputs))]
+    #[error("per_example: {detail}: op `{culprit}` (input shapes {inputs}) (at {location})", inputs = list(inputs))]
     PerExampleUnsupported {
-        /// The transform (`per_example`).
-        op: &'static str,
-        /// The op that cannot be split.
+        /// The op that cannot be split (the transform itself is `per_example`).
         culprit: &'static str,
         /// Its inputs' shapes.
         inputs: Vec<Shape>,
@@ -417,6 +415,7 @@ impl Error {
         match self {
             Error::MatMulShape { .. } => "matmul",
             Error::BackwardTwice { .. } => "backward",
+            Error::PerExampleUnsupported { .. } => "per_example",
             Error::ShapeMismatch { op, .. }
             | Error::Broadcast { op, .. }
             | Error::BadAxis { op, .. }
@@ -440,7 +439,6 @@ impl Error {
             | Error::Callback { op, .. }
             | Error::SecondOrderUnsupported { op, .. }
             | Error::ForwardUnsupported { op, .. }
-            | Error::PerExampleUnsupported { op, .. }
             | Error::Io { op, .. } => op,
         }
     }

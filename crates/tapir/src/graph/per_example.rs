@@ -9,7 +9,6 @@ use std::panic::Location;
 use faer::Par;
 
 use crate::dtype::Float;
-use crate::engine::backward;
 use crate::engine::per_example::plan::plan;
 use crate::engine::per_example::rules::{self, Lane};
 use crate::engine::per_example::{Flow, Plan};
@@ -128,30 +127,26 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         roots: (Vec<(NodeId<'s>, usize)>, Vec<Shape>),
         location: Loc,
     ) -> Result<PerExample<'s, T>> {
+        let (plan, cut) = {
+            let mut tape = self.core.tape.borrow_mut();
+            Self::ready(&tape, (loss, Seed::One), OP, location)?;
+            let examples: Vec<_> = examples.iter().map(|v| v.id).collect();
+            let plan = plan(&tape, loss.id, (batch, &examples), roots, location)?;
+            // The walk leaves out what is computed from parameters alone.
+            let cut: Vec<usize> = (0..plan.flows.len()).filter(|&i| plan.flows[i] == Flow::Free).collect();
+            for &i in &cut {
+                tape.nodes[i].requires_grad = false;
+            }
+            (plan, cut)
+        };
+        // `backward`'s own pass (the same instance of the walk: a second one cost every
+        // backward op 10 instructions through code layout, W3 under callgrind).
+        let result = self.run_backward(OP, (loss, Seed::One), false, location);
         let mut tape = self.core.tape.borrow_mut();
-        Self::ready(&tape, (loss, Seed::One), OP, location)?;
-        let examples: Vec<_> = examples.iter().map(|v| v.id).collect();
-        let plan = plan(&tape, loss.id, (batch, &examples), roots, location)?;
-        // The walk leaves out what is computed from parameters alone.
-        let cut: Vec<usize> = (0..plan.flows.len()).filter(|&i| plan.flows[i] == Flow::Free).collect();
-        for &i in &cut {
-            tape.nodes[i].requires_grad = false;
-        }
-        let (arena, par, anomaly) = (self.core.arena, self.core.par, self.core.anomaly);
-        let result = backward::run_with(
-            &mut tape,
-            arena,
-            par,
-            (loss.id, Seed::One),
-            location,
-            (anomaly, false),
-            |_, _| {},
-            |_, _| {},
-        );
         for &i in &cut {
             tape.nodes[i].requires_grad = true;
         }
-        tape.consumed = true;
+        drop(tape);
         result?;
         Ok(PerExample { core: &self.core, plan })
     }

@@ -413,7 +413,7 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
     }
 
     /// Runs every check (see [`ready`](Scope::ready)) before the pass.
-    fn run_backward(
+    pub(crate) fn run_backward(
         &'s self,
         op: &'static str,
         (out, seed): (Var<'s, T>, Seed<'_, T>),

@@ -24,7 +24,6 @@ pub(crate) fn plan<'s, T: Float>(
 ) -> Result<Plan<'s>> {
     const OP: &str = "per_example";
     let fail = |culprit: &'static str, inputs: Vec<Shape>, detail: String| Error::PerExampleUnsupported {
-        op: OP,
         culprit,
         inputs,
         detail,

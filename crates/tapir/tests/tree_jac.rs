@@ -53,10 +53,10 @@ fn the_jacobians_of_an_outer_product_are_its_closed_forms() {
     // ∂(a⊗b)ᵢⱼ/∂aₖ = δᵢₖ bⱼ, ∂(a⊗b)ᵢⱼ/∂bₗ = aᵢ δⱼₗ
     let mut ja = vec![];
     let mut jb = vec![];
-    for i in 0..2 {
-        for j in 0..3 {
-            ja.extend((0..2).map(|k| if k == i { bv[j] } else { 0.0 }));
-            jb.extend((0..3).map(|l| if l == j { av[i] } else { 0.0 }));
+    for (i, &ai) in av.iter().enumerate() {
+        for (j, &bj) in bv.iter().enumerate() {
+            ja.extend((0..2).map(|k| if k == i { bj } else { 0.0 }));
+            jb.extend((0..3).map(|l| if l == j { ai } else { 0.0 }));
         }
     }
     let mut g = Graph::new();

@@ -64,10 +64,10 @@
 //!
 //! Covered: `grad`, `value_and_grad`, `vjp`, `jvp`, `hvp`, and the Jacobian and Hessian
 //! transforms [`jacobian`], [`jacfwd`] and [`hessian`] by the methods of their one-tensor
-//! versions ([`func::jacobian`](super::jacobian) and the others). These give one block
-//! per differentiated leaf in the structure's order (a `Vec`, and a `Vec` of `Vec`s for
-//! the Hessian's blocks between two leaves), each of shape the output's (or the first
-//! leaf's) followed by its leaf's; [`Frozen`] parts have no block.
+//! versions ([`func::jacobian`](super::jacobian) and the others). These give blocks in
+//! the structure's leaf order, [`Frozen`] parts having none: a `Vec` of Jacobian blocks,
+//! one per leaf, of shape the output's followed by the leaf's, and a `Vec` of `Vec`s of
+//! Hessian blocks `h[i][j]`, of shape leaf `i`'s followed by leaf `j`'s.
 
 mod jac;
 mod leaves;

@@ -29,3 +29,4 @@ mod session;
 mod tensor;
 mod tree;
 mod tree_derive;
+mod tree_jac;

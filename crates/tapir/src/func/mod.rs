@@ -13,7 +13,9 @@
 //! A function of several tensors (a tuple, an array, a `Vec`, a [`ParamStore`](crate::ParamStore),
 //! a struct) uses the same transforms in [`tree`]: [`tree::grad`], [`tree::value_and_grad`],
 //! [`tree::vjp`], [`tree::jvp`] and [`tree::hvp`] take any [`tree::Tree`] and return the
-//! gradients with the input's structure; [`tree::Frozen`] leaves parts undifferentiated.
+//! gradients with the input's structure; [`tree::jacobian`], [`tree::jacfwd`] and
+//! [`tree::hessian`] return one block per input tensor; [`tree::Frozen`] leaves parts
+//! undifferentiated.
 //!
 //! ```
 //! # fn main() -> Result<(), tapir::Error> {

@@ -158,12 +158,15 @@ pub struct Leaves<'s, 'g, T: Float> {
     /// The differentiated leaves, in order, and (in `Pair` mode) their tangents.
     pub(crate) xs: Vec<Var<'s, T>>,
     pub(crate) ts: Vec<Var<'s, T>>,
+    /// Tangents for the differentiated leaves in order (`jacfwd`'s one-hot seeds), used in
+    /// `Dual` mode where no tangent structure is given.
+    pub(crate) seeds: Vec<Var<'s, T>>,
     location: Loc,
 }
 
 impl<'s, 'g, T: Float> Leaves<'s, 'g, T> {
     pub(crate) fn new(scope: &'s Scope<'s, 'g, T>, mode: Mode<'s>, location: Loc) -> Self {
-        Leaves { scope, mode, frozen: 0, xs: Vec::new(), ts: Vec::new(), location }
+        Leaves { scope, mode, frozen: 0, xs: Vec::new(), ts: Vec::new(), seeds: Vec::new(), location }
     }
 
     /// The scope being recorded on.
@@ -190,9 +193,11 @@ impl<'s, 'g, T: Float> Leaves<'s, 'g, T> {
         if self.frozen > 0 {
             return core.leaf(Op::Leaf, shape, data);
         }
-        let tangent = |core: &'s crate::record::handles::Core<'s, T>| match t {
-            Some((ts, td)) => core.leaf(Op::Leaf, ts, td),
-            None => s.zeros(&shape.to_array()[..shape.rank()]),
+        let seed = self.seeds.get(self.xs.len()).copied();
+        let tangent = |core: &'s crate::record::handles::Core<'s, T>| match (t, seed) {
+            (Some((ts, td)), _) => core.leaf(Op::Leaf, ts, td),
+            (None, Some(seed)) => seed,
+            (None, None) => s.zeros(&shape.to_array()[..shape.rank()]),
         };
         match self.mode {
             Mode::Grad => {

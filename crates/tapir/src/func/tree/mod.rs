@@ -62,15 +62,20 @@
 //! the position (`input.1[3]`, `input.w`, `input["layer1.w"]`), both sides and the
 //! caller's line.
 //!
-//! Covered: `grad`, `value_and_grad`, `vjp`, `jvp`, `hvp`. The Jacobian and Hessian
-//! transforms ([`jacobian`](super::jacobian), [`jacfwd`](super::jacfwd),
-//! [`hessian`](super::hessian)) take one tensor.
+//! Covered: `grad`, `value_and_grad`, `vjp`, `jvp`, `hvp`, and the Jacobian and Hessian
+//! transforms [`jacobian`], [`jacfwd`] and [`hessian`] by the methods of their one-tensor
+//! versions ([`func::jacobian`](super::jacobian) and the others). These give blocks in
+//! the structure's leaf order, [`Frozen`] parts having none: a `Vec` of Jacobian blocks,
+//! one per leaf, of shape the output's followed by the leaf's, and a `Vec` of `Vec`s of
+//! Hessian blocks `h[i][j]`, of shape leaf `i`'s followed by leaf `j`'s.
 
+mod jac;
 mod leaves;
 mod params;
 
 use std::panic::Location;
 
+pub use jac::{hessian, jacfwd, jacobian};
 pub use leaves::{Frozen, Gradients, Leaves, Position, Tree};
 pub use params::ParamVars;
 /// Derives [`Tree`] for a struct generic over its leaf type (cargo feature `derive`).

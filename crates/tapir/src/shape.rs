@@ -60,16 +60,19 @@ impl Shape {
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn rank(&self) -> usize {
         usize::from(self.rank)
     }
 
     /// The dimensions as a slice of `u32`.
+    #[inline]
     pub fn dims(&self) -> &[u32] {
         &self.dims[..self.rank()]
     }
 
     /// Dimension `axis` (which must be below the rank).
+    #[inline]
     pub fn dim(&self, axis: usize) -> usize {
         self.dims()[axis] as usize
     }
@@ -90,6 +93,7 @@ impl Shape {
     }
 
     /// Number of elements (1 for a scalar, 0 if any dimension is 0).
+    #[inline]
     pub fn numel(&self) -> usize {
         if self.is_empty() {
             return 0;
@@ -109,6 +113,7 @@ impl Shape {
     }
 
     /// Whether some dimension is 0 (then the other dimensions may multiply past `usize`).
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.dims().contains(&0)
     }

@@ -436,3 +436,38 @@ fn tape_dump_and_dot_show_ops_and_shapes() {
         assert!(dot.starts_with("digraph") && dot.contains("n1 -> n2"), "{dot}");
     });
 }
+
+/// A unary op's first gradient is built in one pass (on one thread) or zeroed and added to
+/// (on several, for long values): both give the same bits, and a second contribution adds
+/// to the first. `x·(−0)` has the gradient `−0·1`, which an accumulating buffer stores as
+/// `0 + (−0) = +0`; the one-pass path must too.
+#[test]
+fn first_gradients_written_in_one_pass_match_the_accumulating_path() {
+    for n in [4usize, 17, 100, 40_000] {
+        let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 20.0).collect();
+        let x = Tensor::from_slice(&data, &[n]).unwrap();
+        let mut bits = Vec::new();
+        for threads in [1, 2] {
+            let mut g = Graph::<f32>::new();
+            g.set_threads(threads);
+            g.scope(|s| {
+                let x = s.leaf(&x);
+                // L = Σ tanh(x) + Σ 3x + Σ x·(−0): tanh's first gradient, then two added.
+                let loss = x.tanh().sum() + (x * 3.0).sum() + x.mul_scalar(-0.0).sum();
+                s.backward(loss).unwrap();
+                let gx = x.grad().unwrap().to_vec();
+                for (&v, &xi) in gx.iter().zip(&data) {
+                    let want = 1.0 - (xi as f64).tanh().powi(2) + 3.0;
+                    assert!((v as f64 - want).abs() < 1e-5, "n {n}: {v} against {want}");
+                }
+                bits.push(gx.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            });
+            g.scope(|s| {
+                let x = s.leaf(&x);
+                s.backward(x.mul_scalar(-0.0).sum()).unwrap();
+                assert!(x.grad().unwrap().iter().all(|v| v.to_bits() == 0), "n {n}, {threads} threads: −0 kept");
+            });
+        }
+        assert_eq!(bits[0], bits[1], "n {n}: 1 and 2 threads differ");
+    }
+}

@@ -44,7 +44,7 @@ use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::unary_fn::UnaryFn;
 use crate::kernels::{self, par, ElementMap, GradMap};
-use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
+use crate::record::ctx::{BackwardCtx, First, GradCtx, JvpCtx, Rec, FIRST_MIN};
 use crate::record::handles::{Core, Var};
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
@@ -367,10 +367,61 @@ pub(crate) fn backward<'s, T: Float>(
     c: [T; 2],
 ) -> Result<()> {
     let (tape, par) = (ctx.tape, ctx.par);
+    // `out`'s gradient has `x`'s length; reading it is cheaper than `x`'s shape.
+    let n = ctx.grads[out].as_deref().map_or(0, <[T]>::len);
+    if n > FIRST_MIN && backward_first(ctx, out, f, x, c)? {
+        return Ok(());
+    }
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         f.derivative(c, Grad { tape, x, y: out, dout, dx, par });
     }
     Ok(())
+}
+
+/// [`backward`] where it makes `x`'s first gradient, on more than [`FIRST_MIN`] elements:
+/// builds the buffer in one pass instead of zeroing it and adding to it (see
+/// [`BackwardCtx::first_grad_slot`]). `false` if it did nothing. Out of line, so that the
+/// short path stays as short as it was.
+#[inline(never)]
+fn backward_first<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    f: UnaryFn,
+    x: NodeId<'s>,
+    c: [T; 2],
+) -> Result<bool> {
+    let tape = ctx.tape;
+    let Some((dout, first)) = ctx.first_grad_slot(out, x) else {
+        return Ok(false);
+    };
+    f.derivative(c, FirstGrad { first, x: tape.value(x), y: tape.value(out), dout })?;
+    Ok(true)
+}
+
+/// [`Grad`] for the input's first gradient: builds the buffer from `dout ⊙ f'(x, y)` in
+/// one pass (see [`BackwardCtx::first_grad_slot`]).
+struct FirstGrad<'a, 's, T> {
+    first: First<'a, 's, T>,
+    x: &'a [T],
+    y: &'a [T],
+    dout: &'a [T],
+}
+
+impl<T: Float> GradMap<T> for FirstGrad<'_, '_, T> {
+    type Out = Result<()>;
+    #[inline]
+    fn map(self, d: impl Fn(T, T) -> T + Sync) -> Result<()> {
+        let values = self.dout.iter().zip(self.x).zip(self.y).map(move |((&g, &x), &y)| g * d(x, y));
+        self.first.set(values)
+    }
+    #[inline]
+    fn scale(self, c: T) -> Result<()> {
+        self.first.set(self.dout.iter().map(move |&g| c * g))
+    }
+    #[inline]
+    fn map_long(self, d: impl Fn(T, T) -> T + Sync) -> Result<()> {
+        self.map(d)
+    }
 }
 
 /// Writes `f'(x, y)` elementwise into a constant: the derivative of a piecewise function

@@ -295,3 +295,171 @@ fn bad_groups_and_dilations_are_errors_naming_shapes_and_line() {
         "{e}"
     );
 }
+
+/// Naive `[N, C, H, W]` window loops for the large-input check below: for every output
+/// `(plane, oi, oj)`, the input positions of its window inside the input, row-major.
+fn naive_windows([n, c, h, w]: [usize; 4], k: usize, s: usize, p: usize, d: usize) -> (usize, usize, Vec<Vec<usize>>) {
+    let (oh, ow) = ((h + 2 * p - d * (k - 1) - 1) / s + 1, (w + 2 * p - d * (k - 1) - 1) / s + 1);
+    let mut taps = Vec::new();
+    for plane in 0..n * c {
+        for oi in 0..oh {
+            for oj in 0..ow {
+                let mut t = Vec::new();
+                for a in 0..k {
+                    for b in 0..k {
+                        let (i, j) = ((oi * s + a * d) as isize - p as isize, (oj * s + b * d) as isize - p as isize);
+                        if i >= 0 && j >= 0 && (i as usize) < h && (j as usize) < w {
+                            t.push(plane * h * w + i as usize * w + j as usize);
+                        }
+                    }
+                }
+                taps.push(t);
+            }
+        }
+    }
+    (oh, ow, taps)
+}
+
+/// Inputs of 34,816 elements take the window ops' split by planes and images (over
+/// several threads when the graph has them): values and gradients equal naive loops,
+/// and 1 and 3 threads give the same bits.
+#[test]
+fn large_windows_split_by_planes_match_naive_loops() {
+    let dims = [4, 8, 34, 32];
+    let x = tensor(&dims, 31);
+    let xv = x.data().to_vec();
+    let (k, s, p, d) = (3, 2, 1, 1);
+    let (oh, ow, taps) = naive_windows(dims, k, s, p, d);
+    let out_n = dims[0] * dims[1] * oh * ow;
+    let wts: Vec<f64> = (0..out_n).map(|i| ((i * 37 % 101) as f64 - 50.0) / 25.0).collect();
+    let w = Tensor::from_slice(&wts, &[dims[0], dims[1], oh, ow]).unwrap();
+    // max pool: the first maximal tap wins and gets the gradient.
+    let mut want_max = vec![0.0; out_n];
+    let mut want_dmax = vec![0.0; xv.len()];
+    let mut want_avg = vec![0.0; out_n];
+    let mut want_davg = vec![0.0; xv.len()];
+    for (o, t) in taps.iter().enumerate() {
+        let best = t.iter().copied().fold(t[0], |b, i| if xv[i] > xv[b] { i } else { b });
+        want_max[o] = xv[best];
+        want_dmax[best] += wts[o];
+        want_avg[o] = t.iter().map(|&i| xv[i]).sum::<f64>() / (k * k) as f64;
+        for &i in t {
+            want_davg[i] += wts[o] / (k * k) as f64;
+        }
+    }
+    // im2col with dilation 2 (stride 1, padding 2): column (c, a, b) of image n.
+    let (kd, pd, dd) = (3, 2, 2);
+    let (oh2, ow2, _) = naive_windows(dims, kd, 1, pd, dd);
+    let (h, wd) = (dims[2] as isize, dims[3] as isize);
+    let mut want_cols = Vec::new();
+    for n in 0..dims[0] {
+        for c in 0..dims[1] {
+            for a in 0..kd {
+                for b in 0..kd {
+                    for oi in 0..oh2 {
+                        for oj in 0..ow2 {
+                            let (i, j) = ((oi + a * dd) as isize - pd as isize, (oj + b * dd) as isize - pd as isize);
+                            let inside = i >= 0 && j >= 0 && i < h && j < wd;
+                            let at = ((n * dims[1] + c) as isize * h + i) * wd + j;
+                            want_cols.push(if inside { xv[at as usize] } else { 0.0 });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut runs = Vec::new();
+    for threads in [1, 3] {
+        let mut g = Graph::<f64>::new();
+        g.set_threads(threads);
+        let run = g.scope(|sc| {
+            let xs = sc.leaf(&x);
+            let wv = sc.input(&w);
+            let max = xs.max_pool2d([k, k], [s, s], [p, p]);
+            let avg = xs.avg_pool2d([k, k], [s, s], [p, p]);
+            let cols = xs.im2col_dilated([kd, kd], [1, 1], [pd, pd], [dd, dd]);
+            let (mv, av, cv) =
+                (max.value().unwrap().to_vec(), avg.value().unwrap().to_vec(), cols.value().unwrap().to_vec());
+            assert_eq!(mv, want_max, "{threads} threads: max_pool2d");
+            assert!(av.iter().zip(&want_avg).all(|(a, b)| (a - b).abs() < 1e-12), "{threads} threads: avg_pool2d");
+            assert_eq!(cv, want_cols, "{threads} threads: im2col");
+            // Σ w ⊙ max + Σ w ⊙ avg + Σ cols²/2: dx = routed w + spread w + col2im(cols).
+            let loss = (max * wv).sum() + (avg * wv).sum() + (cols.square() * 0.5).sum();
+            sc.backward(loss).unwrap();
+            let dx = xs.grad().unwrap().to_vec();
+            (mv, av, cv, dx)
+        });
+        runs.push(run);
+    }
+    // col2im(cols): each input element once per column that copies it.
+    let mut copies = vec![0.0; xv.len()];
+    for n in 0..dims[0] {
+        for c in 0..dims[1] {
+            for a in 0..kd {
+                for b in 0..kd {
+                    for oi in 0..oh2 {
+                        for oj in 0..ow2 {
+                            let (i, j) = ((oi + a * dd) as isize - pd as isize, (oj + b * dd) as isize - pd as isize);
+                            if i >= 0 && j >= 0 && i < h && j < wd {
+                                copies[(((n * dims[1] + c) as isize * h + i) * wd + j) as usize] += 1.0;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let dx = &runs[0].3;
+    for i in 0..xv.len() {
+        let want = want_dmax[i] + want_davg[i] + copies[i] * xv[i];
+        assert!((dx[i] - want).abs() < 1e-10, "dx[{i}] = {} against {want}", dx[i]);
+    }
+    let bits = |r: &(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)| {
+        [&r.0, &r.1, &r.2, &r.3].iter().flat_map(|v| v.iter().map(|x| x.to_bits())).collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&runs[0]), bits(&runs[1]), "1 and 3 threads differ");
+}
+
+/// A per-channel operand `[C, 1, 1]` against `[N, C, H, W]` of 65,536 elements takes the
+/// channel loops (`kernels/channel.rs`), on either side of the op: values and gradients
+/// equal the closed forms, and 1 and 3 threads give the same bits.
+#[test]
+fn channel_broadcasts_match_closed_forms_at_any_thread_count() {
+    let dims = [4, 16, 32, 32];
+    let (x, b) = (tensor(&dims, 41), tensor(&[16, 1, 1], 42));
+    let (xv, bv) = (x.data().to_vec(), b.data().to_vec());
+    let ch = |i: usize| (i / (32 * 32)) % 16;
+    let mut runs = Vec::new();
+    for threads in [1, 3] {
+        let mut g = Graph::<f64>::new();
+        g.set_threads(threads);
+        runs.push(g.scope(|s| {
+            let (xs, bs) = (s.leaf(&x), s.leaf(&b));
+            let sum = xs + bs;
+            let prod = xs * bs.reshape(&[1, 16, 1, 1]);
+            let diff = bs - xs;
+            for (i, ((&p, &q), &r)) in
+                sum.value().unwrap().iter().zip(prod.value().unwrap()).zip(diff.value().unwrap()).enumerate()
+            {
+                let (xi, bi) = (xv[i], bv[ch(i)]);
+                assert_eq!((p, q, r), (xi + bi, xi * bi, bi - xi), "element {i}");
+            }
+            // L = Σ sum² / 2 + Σ prod + Σ diff: dx = sum + b − 1, db[c] = Σ_c (sum + x + 1).
+            s.backward((sum.square() * 0.5).sum() + prod.sum() + diff.sum()).unwrap();
+            let (dx, db) = (xs.grad().unwrap().to_vec(), bs.grad().unwrap().to_vec());
+            for (i, &d) in dx.iter().enumerate() {
+                let want = xv[i] + bv[ch(i)] + bv[ch(i)] - 1.0;
+                assert!((d - want).abs() < 1e-12, "dx[{i}] = {d} against {want}");
+            }
+            let mut want_db = vec![0.0; 16];
+            for (i, &xi) in xv.iter().enumerate() {
+                want_db[ch(i)] += xi + bv[ch(i)] + xi + 1.0;
+            }
+            for (c, (&d, &w)) in db.iter().zip(&want_db).enumerate() {
+                assert!((d - w).abs() < 1e-9 * w.abs().max(1.0), "db[{c}] = {d} against {w}");
+            }
+            dx.iter().chain(&db).map(|v| v.to_bits()).collect::<Vec<_>>()
+        }));
+    }
+    assert_eq!(runs[0], runs[1], "1 and 3 threads differ");
+}

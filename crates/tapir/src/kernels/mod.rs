@@ -5,6 +5,7 @@
 mod accuracy;
 pub(crate) mod attention;
 pub(crate) mod binary_fn;
+pub(crate) mod channel;
 mod float;
 pub(crate) mod layout;
 pub(crate) mod matmul;

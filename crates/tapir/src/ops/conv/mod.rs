@@ -33,6 +33,8 @@
 pub(crate) mod conv2d;
 mod window;
 
+use faer::Par;
+
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::record::ctx::{BackwardCtx, GradCtx, JvpCtx, Rec};
@@ -90,7 +92,7 @@ impl<'s, T: Float> Var<'s, T> {
             let so = r.shape_of(sx, &[win.n, k, win.oh.saturating_mul(win.ow)])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
-            win.for_each_col(|o, i| out[o] = x[i]);
+            im2col_into(&win, self.core.par, x, out);
             Ok((Op::Im2Col { x: self.id, geom: at }, so, out))
         })
     }
@@ -153,7 +155,7 @@ impl<'s, T: Float> Var<'s, T> {
                     win.ow
                 )));
             }
-            col2im_record(r, self.id, image, at)
+            col2im_record(r, self.core.par, self.id, image, at)
         })
     }
 
@@ -161,7 +163,7 @@ impl<'s, T: Float> Var<'s, T> {
     /// derivative of `im2col`, whose arguments were checked).
     #[track_caller]
     pub(crate) fn col2im_at(self, image: Shape, geom: u32) -> Var<'s, T> {
-        self.core.record(OpKind::Col2Im, |r| col2im_record(r, self.id, image, geom))
+        self.core.record(OpKind::Col2Im, |r| col2im_record(r, self.core.par, self.id, image, geom))
     }
 
     /// `im2col` with the geometry the tape stored at `geom` (the recorded derivative of `col2im`).
@@ -173,7 +175,7 @@ impl<'s, T: Float> Var<'s, T> {
             let so = r.shape_of(sx, &[win.n, win.c * win.kh * win.kw, win.oh * win.ow])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
-            win.for_each_col(|o, i| out[o] = x[i]);
+            im2col_into(&win, self.core.par, x, out);
             Ok((Op::Im2Col { x: self.id, geom }, so, &*out))
         })
     }
@@ -223,12 +225,17 @@ impl<'s, T: Float> Var<'s, T> {
             let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
-            out.fill(T::neg_infinity());
-            // A NaN in the window wins and stays (PyTorch).
-            win.for_each_tap(|o, i| {
-                if !out[o].is_nan() && (x[i] > out[o] || x[i].is_nan()) {
-                    out[o] = x[i];
-                }
+            let ohw = win.oh * win.ow;
+            win.for_planes(self.core.par, out, ohw, &|planes, out| {
+                let base = planes.start * ohw;
+                out.fill(T::neg_infinity());
+                // A NaN in the window wins and stays (PyTorch).
+                win.for_each_tap(planes, |o, i| {
+                    let o = o - base;
+                    if !out[o].is_nan() && (x[i] > out[o] || x[i].is_nan()) {
+                        out[o] = x[i];
+                    }
+                });
             });
             Ok((Op::MaxPool2d { x: self.id, geom: at }, so, out))
         })
@@ -250,9 +257,12 @@ impl<'s, T: Float> Var<'s, T> {
             let so = r.shape_of(sx, &[win.n, win.c, win.oh, win.ow])?;
             let x = r.value(self.id);
             let out = r.alloc(so.numel())?;
-            win.for_each_tap(|o, i| out[o] += x[i]);
-            let scale = T::ONE / T::from_usize(win.kh * win.kw);
-            out.iter_mut().for_each(|v| *v *= scale);
+            let (ohw, scale) = (win.oh * win.ow, T::ONE / T::from_usize(win.kh * win.kw));
+            win.for_planes(self.core.par, out, ohw, &|planes, out| {
+                let base = planes.start * ohw;
+                win.for_each_tap(planes, |o, i| out[o - base] += x[i]);
+                out.iter_mut().for_each(|v| *v *= scale);
+            });
             Ok((Op::AvgPool2d { x: self.id, geom: at }, so, out))
         })
     }
@@ -266,8 +276,9 @@ pub(crate) fn backward_im2col<'s, T: Float>(
     geom: u32,
 ) -> Result<()> {
     let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, GEOM_LEN));
+    let par = ctx.par;
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        win.for_each_col(|o, i| dx[i] += dout[o]);
+        col2im_into(&win, par, dout, dx);
     }
     Ok(())
 }
@@ -281,16 +292,21 @@ pub(crate) fn backward_max_pool2d<'s, T: Float>(
 ) -> Result<()> {
     let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, GEOM_LEN));
     let (xv, yv) = (ctx.value(x), ctx.value(out));
+    let par = ctx.par;
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        // The first position equal to the window's maximum (the first NaN, for a NaN
-        // maximum) gets the gradient. Taps come
-        // window by window, so remembering the last window served is enough.
-        let mut served = usize::MAX;
-        win.for_each_tap(|o, i| {
-            if served != o && (xv[i] == yv[o] || (xv[i].is_nan() && yv[o].is_nan())) {
-                dx[i] += dout[o];
-                served = o;
-            }
+        let hw = win.h * win.w;
+        win.for_planes(par, dx, hw, &|planes, dx| {
+            let base = planes.start * hw;
+            // The first position equal to the window's maximum (the first NaN, for a NaN
+            // maximum) gets the gradient. Taps come window by window, so remembering the
+            // last window served is enough.
+            let mut served = usize::MAX;
+            win.for_each_tap(planes, |o, i| {
+                if served != o && (xv[i] == yv[o] || (xv[i].is_nan() && yv[o].is_nan())) {
+                    dx[i - base] += dout[o];
+                    served = o;
+                }
+            });
         });
     }
     Ok(())
@@ -305,14 +321,20 @@ pub(crate) fn backward_avg_pool2d<'s, T: Float>(
 ) -> Result<()> {
     let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, GEOM_LEN));
     let scale = T::ONE / T::from_usize(win.kh * win.kw);
+    let par = ctx.par;
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        win.for_each_tap(|o, i| dx[i] += dout[o] * scale);
+        let hw = win.h * win.w;
+        win.for_planes(par, dx, hw, &|planes, dx| {
+            let base = planes.start * hw;
+            win.for_each_tap(planes, |o, i| dx[i - base] += dout[o] * scale);
+        });
     }
     Ok(())
 }
 
 fn col2im_record<'s, T: Float>(
     r: &mut Rec<'_, 's, T>,
+    threads: Par,
     x: NodeId<'s>,
     image: Shape,
     geom: u32,
@@ -320,8 +342,36 @@ fn col2im_record<'s, T: Float>(
     let win = Window::from_extra(image, &r.tape.extra[geom as usize..geom as usize + GEOM_LEN]);
     let xv = r.value(x);
     let out = r.alloc(image.numel())?;
-    win.for_each_col(|o, i| out[i] += xv[o]);
+    col2im_into(&win, threads, xv, out);
     Ok((Op::Col2Im { x, geom }, image, out))
+}
+
+/// `out = im2col(x)` into zeroed `out`, image by image over `threads`.
+fn im2col_into<T: Float>(win: &Window, threads: Par, x: &[T], out: &mut [T]) {
+    let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
+    win.for_images(threads, out, per_image, &|images, out| {
+        let base = images.start * per_image;
+        win.for_each_col(images, |o, i| out[o - base] = x[i]);
+    });
+}
+
+/// `cols += im2col(x)`, image by image over `threads`.
+fn im2col_add<T: Float>(win: &Window, threads: Par, x: &[T], cols: &mut [T]) {
+    let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
+    win.for_images(threads, cols, per_image, &|images, cols| {
+        let base = images.start * per_image;
+        win.for_each_col(images, |o, i| cols[o - base] += x[i]);
+    });
+}
+
+/// `image += col2im(cols)`, the scatter-add of `im2col`'s map, image by image over
+/// `threads` (each image's sum runs in the same order whatever the thread count).
+fn col2im_into<T: Float>(win: &Window, threads: Par, cols: &[T], image: &mut [T]) {
+    let per_image = win.c * win.h * win.w;
+    win.for_images(threads, image, per_image, &|images, image| {
+        let base = images.start * per_image;
+        win.for_each_col(images, |o, i| image[i - base] += cols[o]);
+    });
 }
 
 /// `dx += im2col(dout)`.
@@ -333,8 +383,9 @@ pub(crate) fn backward_col2im<'s, T: Float>(
     geom: u32,
 ) -> Result<()> {
     let win = Window::from_extra(ctx.shape(out), ctx.extra(geom, GEOM_LEN));
+    let par = ctx.par;
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        win.for_each_col(|o, i| dx[o] += dout[i]);
+        im2col_add(&win, par, dout, dx);
     }
     Ok(())
 }

@@ -13,8 +13,11 @@
 
 use std::ops::Range;
 
+use faer::Par;
+
 use crate::dtype::Float;
 use crate::error::{Error, Result};
+use crate::kernels::par;
 use crate::record::ctx::Rec;
 use crate::shape::Shape;
 
@@ -81,22 +84,75 @@ impl Window {
         clip(oj * self.sw, self.pw, self.w, self.kw, dw)
     }
 
-    /// Calls `f(o, i)` for every output position `o` of every `(n, c)` plane and every
-    /// input position `i` of its window, both as flat indices, in row-major window order.
+    /// Calls `f(planes, piece)` for consecutive pieces of `out`, each holding whole
+    /// `(n, c)` planes of `per_plane` elements (`out` is per-plane: the outputs, `oh·ow`
+    /// per plane, or the input's gradient, `h·w`), over `threads` when the input has
+    /// [`par::MIN_PARALLEL`] elements or more. A piece covers about [`par::CHUNK`] input
+    /// elements: the split depends on the shape alone, and every element is computed by
+    /// the same loop whatever the thread count.
+    pub(super) fn for_planes<U: Send>(
+        &self,
+        threads: Par,
+        out: &mut [U],
+        per_plane: usize,
+        f: &(impl Fn(Range<usize>, &mut [U]) + Sync),
+    ) {
+        self.split(threads, out, self.n * self.c, per_plane, self.h * self.w, f);
+    }
+
+    /// As [`for_planes`](Window::for_planes) for pieces of whole images (`n`), each of
+    /// `per_image` elements: `im2col`'s columns, `C·kh·kw·oh·ow` per image, or their
+    /// adjoint's image, `C·h·w`.
+    pub(super) fn for_images<U: Send>(
+        &self,
+        threads: Par,
+        out: &mut [U],
+        per_image: usize,
+        f: &(impl Fn(Range<usize>, &mut [U]) + Sync),
+    ) {
+        self.split(threads, out, self.n, per_image, self.c * self.h * self.w, f);
+    }
+
+    /// `units` units of `per_unit` elements of `out`, each reading `unit_input` input
+    /// elements, split as [`for_planes`](Window::for_planes) describes.
+    fn split<U: Send>(
+        &self,
+        threads: Par,
+        out: &mut [U],
+        units: usize,
+        per_unit: usize,
+        unit_input: usize,
+        f: &(impl Fn(Range<usize>, &mut [U]) + Sync),
+    ) {
+        if per_unit == 0 || units == 0 {
+            return f(0..units, out);
+        }
+        let input = units.saturating_mul(unit_input);
+        let threads = if input < par::MIN_PARALLEL { 1 } else { par::threads(threads) };
+        let per_piece = (par::CHUNK / unit_input.max(1)).max(1);
+        par::for_chunks(threads, out, per_piece * per_unit, &|start, piece| {
+            let first = start / per_unit;
+            f(first..first + piece.len() / per_unit, piece)
+        });
+    }
+
+    /// Calls `f(o, i)` for every output position `o` of the `(n, c)` planes `planes` and
+    /// every input position `i` of its window, both as flat indices into the whole output
+    /// and input, in row-major window order.
     #[inline]
-    pub(super) fn for_each_tap(&self, f: impl FnMut(usize, usize)) {
+    pub(super) fn for_each_tap(&self, planes: Range<usize>, f: impl FnMut(usize, usize)) {
         if self.dilated() {
-            self.taps::<true>(f);
+            self.taps::<true>(planes, f);
         } else {
-            self.taps::<false>(f);
+            self.taps::<false>(planes, f);
         }
     }
 
     #[inline(always)]
-    fn taps<const DILATED: bool>(&self, mut f: impl FnMut(usize, usize)) {
+    fn taps<const DILATED: bool>(&self, planes: Range<usize>, mut f: impl FnMut(usize, usize)) {
         let (dh, dw) = if DILATED { (self.dh, self.dw) } else { (1, 1) };
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
-        for plane in 0..self.n * self.c {
+        for plane in planes {
             for oi in 0..self.oh {
                 let rows = self.rows(oi, dh);
                 for oj in 0..self.ow {
@@ -113,22 +169,23 @@ impl Window {
         }
     }
 
-    /// Calls `f(col, x)` for every element of `im2col`'s output that reads the input, with
-    /// the flat indices of the column element and of the input element it copies.
+    /// Calls `f(col, x)` for every element of `im2col`'s output for the images `images`
+    /// that reads the input, with the flat indices (into the whole output and input) of
+    /// the column element and of the input element it copies.
     #[inline]
-    pub(super) fn for_each_col(&self, f: impl FnMut(usize, usize)) {
+    pub(super) fn for_each_col(&self, images: Range<usize>, f: impl FnMut(usize, usize)) {
         if self.dilated() {
-            self.cols_of::<true>(f);
+            self.cols_of::<true>(images, f);
         } else {
-            self.cols_of::<false>(f);
+            self.cols_of::<false>(images, f);
         }
     }
 
     #[inline(always)]
-    fn cols_of<const DILATED: bool>(&self, mut f: impl FnMut(usize, usize)) {
+    fn cols_of<const DILATED: bool>(&self, images: Range<usize>, mut f: impl FnMut(usize, usize)) {
         let (dh, dw) = if DILATED { (self.dh, self.dw) } else { (1, 1) };
         let (k, l) = (self.c * self.kh * self.kw, self.oh * self.ow);
-        for n in 0..self.n {
+        for n in images {
             for c in 0..self.c {
                 let plane = (n * self.c + c) * self.h * self.w;
                 for oi in 0..self.oh {

@@ -307,6 +307,46 @@ def w10(steps):
     emit("w10_import_mib", IMPORT_MIB)
 
 
+W11_BATCH = 256
+
+
+def w11():
+    """W11: the `train_digits --cnn` model (conv 3x3 to 16, ReLU, max-pool 2, conv 3x3 to
+    32, ReLU, max-pool 2, flatten, linear to 10) on a normal batch of 256 8x8 images,
+    cross-entropy on labels `i mod 10`, one SGD step."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(128, 10),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(W11_BATCH, 1, 8, 8)
+    labels = torch.arange(W11_BATCH) % 10
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    times = []
+    for i in range(1, 61):
+        t = time.perf_counter()
+        step()
+        if i > 3:
+            times.append((time.perf_counter() - t) * 1e3)
+    emit("w11_ms", statistics.median(times))
+    emit("w11_peak_mib", peak_mib())
+    emit("w11_import_mib", IMPORT_MIB)
+
+
 def main():
     workload, threads, w5_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(threads)
@@ -332,6 +372,7 @@ def main():
         "W10": lambda: w10(w5_steps),
         "W8": lambda: w8(False),
         "W8C": lambda: w8(True),
+        "W11": w11,
     }[workload]()
 
 

@@ -1,4 +1,4 @@
-//! Where a step's time goes, per op kind: W1, W2, W8 (and W8C, W10) from `benches/src`
+//! Where a step's time goes, per op kind: W1, W2, W8 (and W8C, W10, W11) from `benches/src`
 //! run with [`Graph::set_profiling`](tapir::Graph::set_profiling) on, one table per
 //! workload. Rows are per step: nodes recorded, forward (recording) ms, backward-rule ms,
 //! the part of both inside matrix products, and the share of the step's wall time; the
@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Each workload runs its warm-up steps (W8: 2, others 3) before the profile is reset,
-//! then STEPS steps (default W1 10, W2 20, W8 4, W10 10). Markdown tables with `--md`.
+//! then STEPS steps (default W1 10, W2 20, W8 4, W10 10, W11 40). Markdown tables with `--md`.
 
 use std::time::{Duration, Instant};
 
@@ -98,7 +98,17 @@ fn workload(name: &str) -> (Step, usize, usize) {
                 10,
             )
         }
-        other => panic!("no workload {other}: W1, W2, W8, W8C or W10"),
+        "W11" => {
+            let mut w = benches::CnnStep::new();
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.step(g));
+                }),
+                3,
+                40,
+            )
+        }
+        other => panic!("no workload {other}: W1, W2, W8, W8C, W10 or W11"),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The Tapir side of the benchmark workloads W1–W10 and their faer-direct baselines, shared
+//! The Tapir side of the benchmark workloads W1–W11 and their faer-direct baselines, shared
 //! by the criterion benches (`cargo bench -p benches`) and the comparison runner
 //! (`benches/compare`, `just compare`), so that both measure exactly the same code.
 //!
@@ -13,6 +13,7 @@
 //! | W7       | Hessian-vector product of W2's loss over all parameters, and its gradient ([`MlpHvp`]) |
 //! | W8       | deep MLP (32 layers, batch 4096) with and without checkpointing ([`DeepMlp`]) |
 //! | W10      | one training step of `train_chars`' character-level GPT ([`CharStep`])   |
+//! | W11      | one training step of `train_digits --cnn`'s CNN, batch 256 ([`CnnStep`]) |
 //!
 //! The baselines ([`FaerSeedLoop`], [`FaerMlp`]) run the same GEMMs straight on faer with
 //! preallocated outputs: the best a GEMM-bound autodiff step could do, so that Tapir's
@@ -27,9 +28,11 @@ use tapir::{GradBuffer, Graph, ParamId, ParamStore, Tensor, Var};
 use tapir_nn::optim::{Optimizer, Sgd};
 
 mod w10;
+mod w11;
 mod w8;
 
 pub use w10::{CharStep, W10_BATCH, W10_CONFIG, W10_TOKENS};
+pub use w11::{CnnStep, W11_BATCH};
 pub use w8::{DeepMlp, W8_BATCH, W8_EVERY, W8_HIDDEN, W8_WIDTH};
 
 /// Matrix size of W1.

@@ -1,4 +1,4 @@
-//! `just compare`: W1–W7, W8 (W8C: W8 checkpointed) and W10 on Tapir, on faer called directly, on candle, on burn and (when
+//! `just compare`: W1–W7, W8 (W8C: W8 checkpointed), W10 and W11 on Tapir, on faer called directly, on candle, on burn and (when
 //! `import torch` and `import jax` work in the Python it finds) on PyTorch eager,
 //! `torch.compile` and `jax.jit`, one after another with alternating repetitions, as one
 //! table. The Python is `$TAPIR_COMPARE_PYTHON`, else the virtual environment that `just
@@ -36,7 +36,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 /// and W2. Both report their compile time beside the step time, which excludes it.
 const SYSTEMS: [&str; 8] =
     ["tapir", "faer-direct", "candle", "burn-ndarray", "burn-flex", "torch", "torch-compile", "jax"];
-const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10", "W8", "W8C"];
+const WORKLOADS: [&str; 11] = ["W1", "W2", "W3", "W4", "W6", "W5", "W7", "W10", "W8", "W8C", "W11"];
 /// A child that runs longer than this is killed and its cell reads "timeout".
 const CHILD_LIMIT: Duration = Duration::from_secs(600);
 
@@ -286,6 +286,9 @@ fn label(metric: &str) -> String {
         "w8c_peak_mib" => "W8C peak RSS, MiB",
         "w8c_arena_mib" => "W8C arena high-water mark (main + scratch), MiB",
         "w8c_import_mib" => "W8C RSS after `import torch`, MiB",
+        "w11_ms" => "W11 digits CNN step (batch 256), ms",
+        "w11_peak_mib" => "W11 peak RSS, MiB",
+        "w11_import_mib" => "W11 RSS after `import torch`, MiB",
         _ => "",
     };
     if !fixed.is_empty() {

@@ -45,6 +45,12 @@ pub trait Peer {
     }
     /// One W10 training step: forward, cross-entropy, backward, clipping, AdamW.
     fn w10_step(&mut self) {}
+    /// Prepares W11 (the digits CNN, its optimizer and a batch).
+    fn w11_init(&mut self) -> bool {
+        false
+    }
+    /// One W11 training step: forward, cross-entropy, backward, SGD in place.
+    fn w11_step(&mut self) {}
     /// Prepares W8 (the deep MLP), checkpointed every 4 hidden layers or not.
     fn w8_init(&mut self, _checkpoint: bool) -> bool {
         false
@@ -128,6 +134,19 @@ pub fn run(p: &mut dyn Peer, workload: &str, w5_steps: usize) {
             emit("w10_tokens_per_s", benches::W10_TOKENS as f64 / step_ms * 1e3);
             emit("w10_peak_mib", peak_mib());
             emit("w10_growth_mib", rss_mib() - rss10);
+        }
+        "W11" if p.w11_init() => {
+            // 60 steps (a few ms each): the first 3 warm up.
+            let mut times = Vec::new();
+            for step in 1..=60 {
+                let t = Instant::now();
+                p.w11_step();
+                if step > 3 {
+                    times.push(ms(t.elapsed()));
+                }
+            }
+            emit("w11_ms", median(&mut times));
+            emit("w11_peak_mib", peak_mib());
         }
         w @ ("W8" | "W8C") if p.w8_init(w == "W8C") => {
             // 6 steps (each runs about 50 GFLOP): the first 2 warm up.

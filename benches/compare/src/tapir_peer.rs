@@ -15,6 +15,7 @@ pub struct Tapir {
     w2: Option<Mlp>,
     w7: Option<MlpHvp>,
     w10: Option<benches::CharStep>,
+    w11: Option<benches::CnnStep>,
     w8: Option<DeepMlp>,
     leaves: Vec<Tensor<f32>>,
 }
@@ -28,6 +29,7 @@ impl Tapir {
             w2: None,
             w7: None,
             w10: None,
+            w11: None,
             w8: None,
             leaves: Vec::new(),
         }
@@ -117,6 +119,16 @@ impl Peer for Tapir {
     fn w10_step(&mut self) {
         let w10 = self.w10.as_mut().expect("w10_init ran");
         std::hint::black_box(w10.step(&mut self.graph));
+    }
+
+    fn w11_init(&mut self) -> bool {
+        self.w11 = Some(benches::CnnStep::new());
+        true
+    }
+
+    fn w11_step(&mut self) {
+        let w11 = self.w11.as_mut().expect("w11_init ran");
+        std::hint::black_box(w11.step(&mut self.graph));
     }
 
     fn has_tape(&self) -> bool {

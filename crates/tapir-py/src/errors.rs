@@ -49,6 +49,18 @@ pub(crate) fn engine(py: Python<'_>, e: &tapir::Error) -> PyErr {
     raise(py, class_of(e), located(py, e))
 }
 
+/// `e` with the op name `from` that opens its message (the engine's name of an op's
+/// general form, `conv2d_with`) replaced by `to`, the Python method called (`conv2d`), so
+/// that the message names what the caller wrote; an error that does not open with `from`
+/// is returned as it is.
+pub(crate) fn renamed(py: Python<'_>, e: PyErr, from: &str, to: &str) -> PyErr {
+    let Ok(msg) = e.value(py).str() else { return e };
+    match msg.to_string().strip_prefix(&format!("{from}: ")) {
+        Some(rest) => PyErr::from_type(e.get_type(py), (format!("{to}: {rest}"),)),
+        None => e,
+    }
+}
+
 /// The message of `e` with the Python caller's location.
 pub(crate) fn located(py: Python<'_>, e: &tapir::Error) -> String {
     let msg = e.to_string();

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use tapir::Float;
+use tapir::{Conv2dOptions, Float};
 
 use crate::convert;
 use crate::errors;
@@ -310,20 +310,28 @@ impl PyVar {
             eps
         ))
     }
-    /// 2-D convolution of `[N, C, H, W]` with `w` `[O, C, kh, kw]`.
-    #[pyo3(signature = (w, stride=(1, 1), padding=(0, 0)))]
+    /// 2-D convolution (cross-correlation) of `[N, C, H, W]` with `w` `[O, C/groups, kh,
+    /// kw]`, as PyTorch's `F.conv2d`: `dilation` spaces the kernel's taps, `groups` splits
+    /// the channels into blocks that see only their own (`groups = C`: depthwise).
+    #[pyo3(signature = (w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1))]
     fn conv2d(
         &self,
         py: Python<'_>,
         w: &Bound<'_, PyAny>,
         stride: (usize, usize),
         padding: (usize, usize),
+        dilation: (usize, usize),
+        groups: usize,
     ) -> PyResult<PyVar> {
-        record!(self, py, "conv2d", |s, x, T| x.conv2d(
-            self.operand(py, s, w, "conv2d")?,
-            [stride.0, stride.1],
-            [padding.0, padding.1]
-        ))
+        // With the default options `conv2d_with` records what `conv2d` records, so one
+        // call serves both; its errors are renamed to the method the caller called.
+        let options = Conv2dOptions::new()
+            .stride([stride.0, stride.1])
+            .padding([padding.0, padding.1])
+            .dilation([dilation.0, dilation.1])
+            .groups(groups);
+        record!(self, py, "conv2d", |s, x, T| x.conv2d_with(self.operand(py, s, w, "conv2d")?, options))
+            .map_err(|e| errors::renamed(py, e, "conv2d_with", "conv2d"))
     }
     /// Causal (or full) self-attention weights from packed `qkv` `[B, T, 3·D]` with
     /// `heads` heads: `softmax(q·kᵀ/√d)` per head, `[B, heads, T, T]`.
@@ -335,21 +343,26 @@ impl PyVar {
     fn attend(&self, py: Python<'_>, qkv: &Bound<'_, PyAny>) -> PyResult<PyVar> {
         record!(self, py, "attend", |s, x, T| x.attend(self.operand(py, s, qkv, "attend")?))
     }
-    /// 2-D max pooling.
-    #[pyo3(signature = (kernel, stride=None, padding=(0, 0)))]
+    /// 2-D max pooling, as PyTorch's `F.max_pool2d`: `stride` defaults to `kernel`, and
+    /// `dilation` spaces a window's taps.
+    #[pyo3(signature = (kernel, stride=None, padding=(0, 0), dilation=(1, 1)))]
     fn max_pool2d(
         &self,
         py: Python<'_>,
         kernel: (usize, usize),
         stride: Option<(usize, usize)>,
         padding: (usize, usize),
+        dilation: (usize, usize),
     ) -> PyResult<PyVar> {
         let st = stride.unwrap_or(kernel);
-        record!(self, py, "max_pool2d", |s, x, T| x.max_pool2d(
+        // Dilation [1, 1] runs the undilated loops (the engine compiles them apart).
+        record!(self, py, "max_pool2d", |s, x, T| x.max_pool2d_dilated(
             [kernel.0, kernel.1],
             [st.0, st.1],
-            [padding.0, padding.1]
+            [padding.0, padding.1],
+            [dilation.0, dilation.1]
         ))
+        .map_err(|e| errors::renamed(py, e, "max_pool2d_dilated", "max_pool2d"))
     }
     /// 2-D average pooling.
     #[pyo3(signature = (kernel, stride=None, padding=(0, 0)))]

@@ -59,39 +59,46 @@ def layer_norm(x, w, b, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * w + b
 
 
-def conv2d(x, w, stride=(1, 1), padding=(0, 0)):
-    """Cross-correlation, as PyTorch's conv2d: x [N, C, H, W], w [O, C, kh, kw]."""
+def conv2d(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """Cross-correlation, as PyTorch's conv2d: x [N, C, H, W], w [O, C/groups, kh, kw].
+    Kernel tap (a, b) of output (i, j) reads padded row i·sh + a·dh, column j·sw + b·dw;
+    output channel block k (O/groups channels) sees input channel block k only."""
     n, c, h, wd = x.shape
-    o, c2, kh, kw = w.shape
-    assert c == c2
-    (sh, sw), (ph, pw) = stride, padding
+    o, cg, kh, kw = w.shape
+    assert c % groups == 0 and o % groups == 0 and cg == c // groups
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    oh = (h + 2 * ph - kh) // sh + 1
-    ow = (wd + 2 * pw - kw) // sw + 1
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    og = o // groups
     out = np.zeros((n, o, oh, ow))
     for i in range(oh):
         for j in range(ow):
-            patch = xp[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]  # [N, C, kh, kw]
-            out[:, :, i, j] = np.einsum("nckl,ockl->no", patch, w)
+            # The dilated window: kh×kw taps dh and dw apart, [N, C, kh, kw].
+            patch = xp[:, :, i * sh : i * sh + dh * (kh - 1) + 1 : dh, j * sw : j * sw + dw * (kw - 1) + 1 : dw]
+            for k in range(groups):
+                block = patch[:, k * cg : (k + 1) * cg]
+                out[:, k * og : (k + 1) * og, i, j] = np.einsum("nckl,ockl->no", block, w[k * og : (k + 1) * og])
     return out
 
 
-def _pool(x, kernel, stride, padding, fill, reduce):
+def _pool(x, kernel, stride, padding, fill, reduce, dilation=(1, 1)):
     n, c, h, wd = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
-    oh = (h + 2 * ph - kh) // sh + 1
-    ow = (wd + 2 * pw - kw) // sw + 1
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     out = np.zeros((n, c, oh, ow))
     for i in range(oh):
         for j in range(ow):
-            out[:, :, i, j] = reduce(xp[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw], axis=(2, 3))
+            window = xp[:, :, i * sh : i * sh + dh * (kh - 1) + 1 : dh, j * sw : j * sw + dw * (kw - 1) + 1 : dw]
+            out[:, :, i, j] = reduce(window, axis=(2, 3))
     return out
 
 
-def max_pool2d(x, kernel, stride=None, padding=(0, 0)):
-    """Padding never wins: it is -inf."""
-    return _pool(x, kernel, stride or kernel, padding, -np.inf, np.max)
+def max_pool2d(x, kernel, stride=None, padding=(0, 0), dilation=(1, 1)):
+    """Padding never wins: it is -inf. Taps `dilation` apart, as PyTorch's max_pool2d."""
+    return _pool(x, kernel, stride or kernel, padding, -np.inf, np.max, dilation)
 
 
 def avg_pool2d(x, kernel, stride=None, padding=(0, 0)):

@@ -290,6 +290,73 @@ def test_conv2d_init_no_bias_and_errors():
            "conv2d", "with equal C", "input shape [1, 3, 5, 5]")
 
 
+@pytest.mark.parametrize("groups, dilation, stride, padding", [(1, 2, 1, 0), (2, 2, (2, 1), (1, 2)), (4, (2, 1), 1, 1),
+                                                              (2, (1, 2), 2, (2, 0))])
+def test_conv2d_groups_and_dilation_values_and_gradients(groups, dilation, stride, padding):
+    store = tapir.ParamStore("float64")
+    conv = tapir.nn.Conv2d(store, "conv", 4, 8, (3, 2), stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, rng=np.random.default_rng(1))
+    assert store["conv.weight"].shape == (8, 4 // groups, 3, 2) and store["conv.bias"].shape == (8,)
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    st, pd, dl = pair(stride), pair(padding), pair(dilation)
+    assert (conv.stride, conv.padding, conv.dilation, conv.groups) == (st, pd, dl, groups)
+
+    def reference(x, p):
+        return ref.conv2d(x, p["conv.weight"], st, pd, dl, groups) + p["conv.bias"][:, None, None]
+
+    check_layer(store, conv, reference, normal(2, 4, 7, 6), key=("conv_groups", groups, dilation, stride, padding))
+
+
+def test_conv2d_groups_init_and_errors():
+    store = tapir.ParamStore("float64")
+    tapir.nn.Conv2d(store, "g", 8, 16, 3, groups=2, rng=np.random.default_rng(0))
+    assert store["g.weight"].shape == (16, 4, 3, 3)
+    bound = 1.0 / math.sqrt(4 * 3 * 3)  # torch.nn.Conv2d: fan_in = (in/groups)·kh·kw
+    for name in ("g.weight", "g.bias"):
+        v = np.abs(store[name])
+        assert v.max() <= bound and v.max() > 0.8 * bound, name
+    dw = tapir.nn.Conv2d(store, "dw", 3, 6, 3, padding=2, dilation=2, groups=3, bias=False)
+    assert store["dw.weight"].shape == (6, 1, 3, 3) and dw.param_names() == ["dw.weight"]
+    check_layer(store, dw, lambda x, p: ref.conv2d(x, p["dw.weight"], (1, 1), (2, 2), (2, 2), 3),
+                normal(1, 3, 5, 4), key="conv_depthwise")
+
+    for groups in (0, 3, -2, 2.0, True):
+        raises(tapir.ArgumentError, lambda groups=groups: tapir.nn.Conv2d(store, "k", 4, 6, 3, groups=groups),
+               "Conv2d('k')", f"groups {groups!r}", "in_channels 4", "out_channels 6")
+    raises(tapir.ArgumentError, lambda: tapir.nn.Conv2d(store, "k", 4, 6, 3, groups=4), "groups 4",
+           "in_channels 4 and out_channels 6")
+    raises(tapir.ArgumentError, lambda: tapir.nn.Conv2d(store, "k", 2, 4, 3, dilation=(1, 0)), "Conv2d('k')",
+           "dilation (1, 0)", "positive")
+    assert "k.weight" not in store  # nothing added by a failed constructor
+    big = tapir.nn.Conv2d(store, "k", 2, 4, 3, dilation=3)
+    raises(tapir.ShapeError, lambda: in_scope(lambda s: big(s, s.input(np.ones((1, 2, 6, 6))))),
+           "conv2d: kernel [3, 3] dilated by [3, 3] does not fit", "input shape [1, 2, 6, 6]")
+
+
+def test_conv2d_and_max_pool2d_option_errors_name_the_op_and_shapes():
+    x, w = np.ones((1, 4, 5, 5)), np.ones((6, 2, 3, 3))
+    msg = raises(tapir.ShapeError, lambda: in_scope(lambda s: s.input(x).conv2d(w, groups=3)),
+                 "conv2d: needs input [N, C, H, W] and weights [O, C/groups, kh, kw]", "groups = 3",
+                 "weights [6, 2, 3, 3]", "input shape [1, 4, 5, 5]")
+    assert "conv2d_with" not in msg and "test_nn.py" in msg  # the Python name, at the caller's line
+    raises(tapir.ShapeError, lambda: in_scope(lambda s: s.input(x).conv2d(w)), "conv2d:", "with equal C",
+           "weights [6, 2, 3, 3]", "input shape [1, 4, 5, 5]")
+    raises(tapir.ArgumentError, lambda: in_scope(lambda s: s.input(x).conv2d(w, groups=0)),
+           "conv2d: groups must be positive, got 0", "input shape [1, 4, 5, 5], weights [6, 2, 3, 3]")
+    raises(tapir.ArgumentError, lambda: in_scope(lambda s: s.input(x).conv2d(w, dilation=(0, 1), groups=2)),
+           "conv2d: kernel [3, 3], stride [1, 1] and dilation [0, 1] must be positive", "input shape [1, 4, 5, 5]")
+    raises(tapir.ShapeError, lambda: in_scope(lambda s: s.input(x).conv2d(w, dilation=(3, 1), groups=2)),
+           "conv2d: kernel [3, 3] dilated by [3, 1] does not fit", "input shape [1, 4, 5, 5]")
+    msg = raises(tapir.ArgumentError, lambda: in_scope(lambda s: s.input(x).max_pool2d((2, 2), dilation=(0, 0))),
+                 "max_pool2d: kernel [2, 2], stride [2, 2] and dilation [0, 0] must be positive",
+                 "input shape [1, 4, 5, 5]")
+    assert "max_pool2d_dilated" not in msg
+    raises(tapir.ArgumentError, lambda: in_scope(lambda s: s.input(x).max_pool2d((2, 2), padding=(2, 0))),
+           "max_pool2d: padding [2, 0] must be at most half the kernel [2, 2]")
+    raises(tapir.ShapeError, lambda: in_scope(lambda s: s.input(x[0]).max_pool2d((2, 2), dilation=(2, 2))),
+           "max_pool2d: needs a 4-D input [N, C, H, W] (input shape [4, 5, 5])")
+
+
 POOL_X = (np.random.default_rng(11).permutation(120) * 0.1 - 6.0).reshape(2, 2, 5, 6)  # no ties
 
 
@@ -314,6 +381,21 @@ def test_pooling_errors(cls):
     op = "max_pool2d" if cls is tapir.nn.MaxPool2d else "avg_pool2d"
     raises(tapir.ShapeError, lambda: in_scope(lambda s: cls(2)(s, s.input(np.ones((3, 4, 4))))),
            f"{op}: needs a 4-D input [N, C, H, W] (input shape [3, 4, 4])")
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation", [(2, None, 0, 2), ((3, 2), (1, 2), 1, (2, 1)),
+                                                              ((2, 3), 1, (1, 0), (1, 2))])
+def test_max_pool2d_dilation_values_and_gradients(kernel, stride, padding, dilation):
+    pool = tapir.nn.MaxPool2d(kernel, stride, padding, dilation)
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    k, pd, dl = pair(kernel), pair(padding), pair(dilation)
+    st = k if stride is None else pair(stride)
+    assert (pool.kernel_size, pool.stride, pool.padding, pool.dilation) == (k, st, pd, dl)
+    check_layer(tapir.ParamStore("float64"), pool, lambda x, p: ref.max_pool2d(x, k, st, pd, dl), POOL_X,
+                key=("max_pool2d_dilation", kernel, stride, padding, dilation))
+    assert tapir.nn.MaxPool2d(2).dilation == (1, 1)
+    raises(tapir.ArgumentError, lambda: tapir.nn.MaxPool2d(2, dilation=0), "MaxPool2d", "dilation 0", "positive")
+    raises(tapir.ArgumentError, lambda: tapir.nn.MaxPool2d(2, dilation=(2, 1, 1)), "MaxPool2d", "dilation (2, 1, 1)")
 
 
 def test_flatten_and_a_small_cnn_in_float32():

@@ -12,6 +12,7 @@ must exist) or excluded with a reason.
 
 import dataclasses
 import importlib
+import pathlib
 import zlib
 from typing import Callable
 
@@ -393,6 +394,22 @@ case("conv2d_default", lambda s, x, w: x.conv2d(w), ref.conv2d, L(normal(1, 2, 4
      uses=["conv2d"])
 case("conv2d_positional", lambda s, x, w: x.conv2d(w, (2, 2), (1, 1)), lambda x, w: ref.conv2d(x, w, (2, 2), (1, 1)),
      L(normal(1, 2, 5, 5)), L(normal(2, 2, 3, 3)), uses=["conv2d"])
+# Dilated and grouped convolutions: groups 1, 2 and C = 4 (depthwise, two filters per
+# channel), dilation 1 and 2, with stride, padding, a non-square input [2, 4, 7, 6] and a
+# non-square kernel 3×2.
+CONV_X = normal(2, 4, 7, 6, key=20)
+for groups in (1, 2, 4):
+    for dilation in ((1, 1), (2, 2), (2, 1)):
+        for stride, padding in [((1, 1), (0, 0)), ((2, 1), (1, 2))]:
+            kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+            case(f"conv2d[groups={groups},dilation={dilation},stride={stride},padding={padding}]",
+                 lambda s, x, w, kw=kw: x.conv2d(w, **kw),
+                 lambda x, w, kw=kw: ref.conv2d(x, w, **kw), L(CONV_X), L(normal(8, 4 // groups, 3, 2, key=groups)),
+                 uses=["conv2d"])
+case("conv2d_positional_dilation_groups", lambda s, x, w: x.conv2d(w, (1, 2), (2, 1), (2, 3), 2),
+     lambda x, w: ref.conv2d(x, w, (1, 2), (2, 1), (2, 3), 2), L(CONV_X), L(normal(2, 2, 2, 2)), uses=["conv2d"])
+case("conv2d_depthwise_constant_weights", lambda s, x, w: x.conv2d(w, padding=(1, 1), groups=4),
+     lambda x, w: ref.conv2d(x, w, padding=(1, 1), groups=4), L(CONV_X), C(normal(4, 1, 3, 3)), uses=["conv2d"])
 POOL_X = distinct(2, 2, 5, 6)
 for pool, f in [("max_pool2d", ref.max_pool2d), ("avg_pool2d", ref.avg_pool2d)]:
     for kernel, stride, padding in [((2, 2), None, (0, 0)), ((2, 3), (1, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)),
@@ -403,6 +420,15 @@ for pool, f in [("max_pool2d", ref.max_pool2d), ("avg_pool2d", ref.avg_pool2d)]:
              lambda x, f=f, k=kernel, st=stride, pd=padding: f(x, k, st, pd), L(POOL_X), uses=[pool])
     case(f"{pool}_positional", lambda s, x, p=pool: getattr(x, p)((2, 2), (2, 1), (1, 1)),
          lambda x, f=f: f(x, (2, 2), (2, 1), (1, 1)), L(POOL_X), uses=[pool])
+# Dilated max pooling; every window keeps a tap inside the input (no −inf).
+for kernel, stride, padding, dilation in [((2, 2), None, (0, 0), (2, 2)), ((3, 2), (1, 2), (1, 1), (2, 1)),
+                                          ((2, 3), (2, 1), (1, 1), (1, 2)), ((2, 2), (1, 1), (0, 0), (1, 1))]:
+    kw = {"stride": stride, "padding": padding, "dilation": dilation}
+    case(f"max_pool2d[kernel={kernel},stride={stride},padding={padding},dilation={dilation}]",
+         lambda s, x, k=kernel, kw=kw: x.max_pool2d(k, **kw), lambda x, k=kernel, kw=kw: ref.max_pool2d(x, k, **kw),
+         L(POOL_X), uses=["max_pool2d"])
+case("max_pool2d_positional_dilation", lambda s, x: x.max_pool2d((2, 2), (1, 2), (1, 0), (2, 3)),
+     lambda x: ref.max_pool2d(x, (2, 2), (1, 2), (1, 0), (2, 3)), L(POOL_X), uses=["max_pool2d"])
 
 QKV = normal(2, 4, 12)  # B=2, T=4, C=4
 for heads in (1, 2, 4):
@@ -529,6 +555,33 @@ def test_properties_and_repr():
         assert "tanh" in r and "[2, 3]" in r and "float32" in r
     assert list(y.shape) == [2, 3]  # the shape survives the scope, the value does not
     assert "tapir.Graph" in repr(g) and "float32" in repr(g)
+
+
+def test_reference_conv2d_and_max_pool2d_agree_with_pytorch():
+    # The oracle itself: _reference's dilated, grouped conv2d and dilated max_pool2d
+    # against the PyTorch float64 outputs the Rust tests read (tools/conv_fixtures.py).
+    path = pathlib.Path(__file__).resolve().parents[2] / "tapir/tests/data/conv_fixtures.txt"
+    cases = []
+    for line in path.read_text().splitlines():
+        if line.startswith("case "):
+            op, *args = line.split()[1:]
+            cases.append((op, {k: tuple(map(int, v.split(","))) for k, v in (a.split("=") for a in args)}, {}))
+        elif line and not line.startswith("#"):
+            name, *values = line.split()
+            cases[-1][2][name] = np.array(values, np.float64)
+    checked = set()
+    for op, a, t in cases:
+        x = t["x"].reshape(a["x"])
+        if op == "conv2d":
+            out = ref.conv2d(x, t["w"].reshape(a["w"]), a["stride"], a["padding"], a["dilation"], a["groups"][0])
+            checked.add((op, a["groups"][0] == a["x"][1], a["dilation"] != (1, 1)))
+        elif op == "max_pool2d":
+            out = ref.max_pool2d(x, a["kernel"], a["stride"], a["padding"], a["dilation"])
+            checked.add((op, a["dilation"] != (1, 1)))
+        else:
+            continue
+        np.testing.assert_allclose(out.reshape(-1), t["out"], rtol=1e-12, atol=1e-12, err_msg=f"{op} {a}")
+    assert {("conv2d", True, True), ("conv2d", False, True), ("max_pool2d", True)} <= checked
 
 
 # ------------------------------------------------------------------- introspection

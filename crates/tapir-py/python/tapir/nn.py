@@ -279,34 +279,44 @@ class Dropout(Module):
 
 class Conv2d(Module):
     """2-D convolution (cross-correlation, as PyTorch) of ``[N, in_channels, H, W]`` into
-    ``[N, out_channels, oh, ow]``, ``oh = (H + 2·padding − kh)/stride + 1`` (likewise
-    ``ow``). ``"{name}.weight"`` is ``[out_channels, in_channels, kh, kw]`` and
-    ``"{name}.bias"`` ``[out_channels]``, both uniform in ``±1/sqrt(in_channels·kh·kw)``
-    as ``torch.nn.Conv2d``. ``kernel_size``, ``stride`` and ``padding`` are an integer or
-    a pair (vertical, horizontal).
+    ``[N, out_channels, oh, ow]``, ``oh = (H + 2·padding − dilation·(kh − 1) − 1)/stride + 1``
+    (likewise ``ow``). ``"{name}.weight"`` is ``[out_channels, in_channels/groups, kh, kw]``
+    and ``"{name}.bias"`` ``[out_channels]``, both uniform in
+    ``±1/sqrt((in_channels/groups)·kh·kw)`` as ``torch.nn.Conv2d``. ``kernel_size``,
+    ``stride``, ``padding`` and ``dilation`` (the distance between the kernel's taps) are an
+    integer or a pair (vertical, horizontal). ``groups`` splits the channels into blocks,
+    output block ``k`` seeing input block ``k`` only; it must divide both channel counts
+    (``groups = in_channels``: depthwise).
     """
 
-    def __init__(self, store, name, in_channels, out_channels, kernel_size, *, stride=1, padding=0, bias=True,
-                 rng=None):
+    def __init__(self, store, name, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, rng=None):
         super().__init__()
         layer = f"Conv2d({name!r})"
         _positive(layer, in_channels=in_channels, out_channels=out_channels)
         kh, kw = self.kernel_size = _pair(layer, "kernel_size", kernel_size)
         self.stride = _pair(layer, "stride", stride)
         self.padding = _pair(layer, "padding", padding, minimum=0)
+        self.dilation = _pair(layer, "dilation", dilation)
+        if not (_is_int(groups) and groups > 0 and in_channels % groups == 0 and out_channels % groups == 0):
+            raise _errors.ArgumentError(
+                f"{layer}: groups {groups!r} must be a positive integer dividing in_channels {in_channels} "
+                f"and out_channels {out_channels}"
+            )
         self.weight = f"{name}.weight"
         self.bias = f"{name}.bias" if bias else None
         _check_free(layer, store, [self.weight] + ([self.bias] if bias else []))
         rng = _rng(rng)
-        bound = 1.0 / math.sqrt(in_channels * kh * kw)
-        self._add(store, self.weight, rng.uniform(-bound, bound, (out_channels, in_channels, kh, kw)))
+        per_group = in_channels // groups
+        bound = 1.0 / math.sqrt(per_group * kh * kw)
+        self._add(store, self.weight, rng.uniform(-bound, bound, (out_channels, per_group, kh, kw)))
         if bias:
             self._add(store, self.bias, rng.uniform(-bound, bound, (out_channels,)))
-        self.in_channels, self.out_channels = in_channels, out_channels
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, int(groups)
         self.store = store
 
     def __call__(self, s: _tapir.Scope, x: _tapir.Var) -> _tapir.Var:
-        y = x.conv2d(s.param(self.store, self.weight), self.stride, self.padding)
+        y = x.conv2d(s.param(self.store, self.weight), self.stride, self.padding, self.dilation, self.groups)
         if self.bias is None:
             return y
         return y + s.param(self.store, self.bias).reshape(self.out_channels, 1, 1)
@@ -333,9 +343,19 @@ class _Pool2d(Module):
 class MaxPool2d(_Pool2d):
     """The maximum of each ``kernel_size`` window of ``[N, C, H, W]`` (``stride`` defaults
     to ``kernel_size``; ``padding`` never wins), as ``torch.nn.MaxPool2d``. Padding is at
-    most half the kernel, so that no window is all padding. No parameters."""
+    most half the kernel, so that no undilated window is all padding. ``dilation`` (an
+    integer or a pair) spaces a window's taps: ``oh = (H + 2·padding − dilation·(kh − 1) −
+    1)/stride + 1``; a dilated window with no tap inside the input gives ``−inf``, as in
+    PyTorch. No parameters."""
 
     op = "max_pool2d"
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1):
+        super().__init__(kernel_size, stride, padding)
+        self.dilation = _pair("MaxPool2d", "dilation", dilation)
+
+    def __call__(self, s: _tapir.Scope, x: _tapir.Var) -> _tapir.Var:
+        return x.max_pool2d(self.kernel_size, self.stride, self.padding, self.dilation)
 
 
 class AvgPool2d(_Pool2d):

@@ -351,7 +351,8 @@ fn large_windows_split_by_planes_match_naive_loops() {
     let (kd, pd, dd) = (3, 2, 2);
     let (oh2, ow2, _) = naive_windows(dims, kd, 1, pd, dd);
     let (h, wd) = (dims[2] as isize, dims[3] as isize);
-    let mut want_cols = Vec::new();
+    // col2im(cols) in the gradient: each input element once per column that copies it.
+    let (mut want_cols, mut copies) = (Vec::new(), vec![0.0; xv.len()]);
     for n in 0..dims[0] {
         for c in 0..dims[1] {
             for a in 0..kd {
@@ -360,8 +361,11 @@ fn large_windows_split_by_planes_match_naive_loops() {
                         for oj in 0..ow2 {
                             let (i, j) = ((oi + a * dd) as isize - pd as isize, (oj + b * dd) as isize - pd as isize);
                             let inside = i >= 0 && j >= 0 && i < h && j < wd;
-                            let at = ((n * dims[1] + c) as isize * h + i) * wd + j;
-                            want_cols.push(if inside { xv[at as usize] } else { 0.0 });
+                            let at = (((n * dims[1] + c) as isize * h + i) * wd + j) as usize;
+                            want_cols.push(if inside { xv[at] } else { 0.0 });
+                            if inside {
+                                copies[at] += 1.0;
+                            }
                         }
                     }
                 }
@@ -390,24 +394,6 @@ fn large_windows_split_by_planes_match_naive_loops() {
             (mv, av, cv, dx)
         });
         runs.push(run);
-    }
-    // col2im(cols): each input element once per column that copies it.
-    let mut copies = vec![0.0; xv.len()];
-    for n in 0..dims[0] {
-        for c in 0..dims[1] {
-            for a in 0..kd {
-                for b in 0..kd {
-                    for oi in 0..oh2 {
-                        for oj in 0..ow2 {
-                            let (i, j) = ((oi + a * dd) as isize - pd as isize, (oj + b * dd) as isize - pd as isize);
-                            if i >= 0 && j >= 0 && i < h && j < wd {
-                                copies[(((n * dims[1] + c) as isize * h + i) * wd + j) as usize] += 1.0;
-                            }
-                        }
-                    }
-                }
-            }
-        }
     }
     let dx = &runs[0].3;
     for i in 0..xv.len() {

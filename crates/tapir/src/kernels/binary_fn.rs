@@ -7,7 +7,7 @@
 use faer::Par;
 
 use crate::dtype::Float;
-use crate::kernels::{par, PairMap};
+use crate::kernels::{channel, PairMap};
 use crate::shape::Shape;
 
 macro_rules! binary_fns {
@@ -49,7 +49,7 @@ macro_rules! binary_fns {
             #[inline]
             pub(crate) fn grad_a<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
                 match self {
-                    $(BinaryFn::$f => par::binary_grad(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
+                    $(BinaryFn::$f => channel::binary_grad(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
                 }
             }
 
@@ -58,7 +58,7 @@ macro_rules! binary_fns {
             pub(crate) fn grad_b<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
                 // `binary_grad` sums into its second operand, so `b` goes there.
                 match self {
-                    $(BinaryFn::$f => par::binary_grad(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
+                    $(BinaryFn::$f => channel::binary_grad(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
                 }
             }
         }

@@ -14,6 +14,48 @@ use super::simd;
 use crate::dtype::Float;
 use crate::shape::Shape;
 
+/// [`par::binary`](super::par::binary), with long per-channel broadcasts taken here.
+#[inline]
+pub(crate) fn binary<T: Float>(
+    par: Par,
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (out, so): (&mut [T], &Shape),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    if out.len() >= MIN_PARALLEL {
+        if let (true, Some((_, inner))) = (sa == so, channel_len(sb, so)) {
+            return forward(par, a, b, out, inner, f);
+        }
+        if let (true, Some((_, inner))) = (sb == so, channel_len(sa, so)) {
+            return forward(par, b, a, out, inner, |y, x| f(x, y));
+        }
+    }
+    super::par::binary(par, (a, sa), (b, sb), (out, so), f);
+}
+
+/// [`par::binary_grad`](super::par::binary_grad), with long per-channel broadcasts taken
+/// here.
+#[inline]
+pub(crate) fn binary_grad<T: Float>(
+    par: Par,
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    da: &mut [T],
+    g: impl Fn(T, T, T) -> T + Sync,
+) {
+    if dout.len() >= MIN_PARALLEL {
+        if let (true, Some((_, inner))) = (sa == so, channel_len(sb, so)) {
+            return grad_full(par, dout, a, b, da, inner, g);
+        }
+        if let (true, Some((_, inner))) = (sb == so, channel_len(sa, so)) {
+            return grad_small(par, dout, a, b, da, inner, g);
+        }
+    }
+    super::par::binary_grad(par, (dout, so), (a, sa), (b, sb), da, g);
+}
+
 /// If `small` broadcast to `out` gives one value per row of `inner > 1` consecutive
 /// elements of `out`, cycling through `small`'s values (its dimensions, without leading
 /// and trailing 1s, equal `out`'s at the same places, with 1s trailing): `(m, inner)`,

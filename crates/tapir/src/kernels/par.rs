@@ -246,10 +246,6 @@ fn binary_chunks<T: Float>(
                 |p, q| f(p, q),
             );
         });
-    } else if let (true, Some((_, inner))) = (sa == so, super::channel::channel_len(sb, so)) {
-        super::channel::forward(par, a, b, out, inner, f);
-    } else if let (true, Some((_, inner))) = (sb == so, super::channel::channel_len(sa, so)) {
-        super::channel::forward(par, b, a, out, inner, |y, x| f(x, y));
     } else {
         super::binary((a, sa), (b, sb), (out, so), f);
     }
@@ -327,10 +323,6 @@ fn binary_grad_chunks<T: Float>(
                 },
             );
         });
-    } else if let (true, Some((_, inner))) = (sa == so, super::channel::channel_len(sb, so)) {
-        super::channel::grad_full(par, dout, a, b, da, inner, g);
-    } else if let (true, Some((_, inner))) = (sb == so, super::channel::channel_len(sa, so)) {
-        super::channel::grad_small(par, dout, a, b, da, inner, g);
     } else {
         super::binary_grad((dout, so), (a, sa), (b, sb), da, g);
     }

@@ -68,7 +68,7 @@ fn record_broadcast<'s, T: Float>(
     f: impl Fn(T, T) -> T + Sync,
 ) -> Result<&'s mut [T]> {
     let out = r.alloc(so.numel())?;
-    par::binary(threads, (a, &sa), (b, &sb), (&mut *out, &so), f);
+    kernels::channel::binary(threads, (a, &sa), (b, &sb), (&mut *out, &so), f);
     Ok(out)
 }
 

@@ -406,6 +406,50 @@ fn large_windows_split_by_planes_match_naive_loops() {
     assert_eq!(bits(&runs[0]), bits(&runs[1]), "1 and 3 threads differ");
 }
 
+/// Max pooling without padding or dilation takes its own loops (`Window::max_plain`):
+/// values and gradients equal naive loops, NaN windows included, at 1 and 3 threads.
+#[test]
+fn plain_max_pooling_matches_naive_loops() {
+    let dims = [4, 8, 34, 32];
+    let mut xv = tensor(&dims, 33).data().to_vec();
+    // Repeated maxima (the first tap wins) and NaNs (a NaN wins and stays).
+    for i in (0..xv.len()).step_by(97) {
+        xv[i + 1] = xv[i].abs() + 3.0;
+        xv[i] = xv[i + 1];
+    }
+    for i in (5..xv.len()).step_by(1009) {
+        xv[i] = f64::NAN;
+    }
+    let x = Tensor::from_vec(xv.clone(), &dims).unwrap();
+    for (k, s) in [(2, 2), (3, 2), (3, 1)] {
+        let (oh, ow, taps) = naive_windows(dims, k, s, 0, 1);
+        let (mut want, mut want_dx) = (vec![0.0; taps.len()], vec![0.0; xv.len()]);
+        for (o, t) in taps.iter().enumerate() {
+            let best =
+                t.iter()
+                    .copied()
+                    .fold(t[0], |b, i| if xv[b].is_nan() || !(xv[i] > xv[b] || xv[i].is_nan()) { b } else { i });
+            want[o] = xv[best];
+            want_dx[best] += (o % 7) as f64 - 3.0;
+        }
+        let w: Vec<f64> = (0..taps.len()).map(|o| (o % 7) as f64 - 3.0).collect();
+        let w = Tensor::from_slice(&w, &[dims[0], dims[1], oh, ow]).unwrap();
+        for threads in [1, 3] {
+            let mut g = Graph::<f64>::new();
+            g.set_threads(threads);
+            g.scope(|sc| {
+                let xs = sc.leaf(&x);
+                let y = xs.max_pool2d([k, k], [s, s], [0, 0]);
+                let got = y.value().unwrap().to_vec();
+                let same = got.iter().zip(&want).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+                assert!(same, "kernel {k}, stride {s}, {threads} threads: values");
+                sc.backward((y * sc.input(&w)).sum()).unwrap();
+                assert_eq!(xs.grad().unwrap(), &want_dx[..], "kernel {k}, stride {s}, {threads} threads: gradient");
+            });
+        }
+    }
+}
+
 /// A per-channel operand `[C, 1, 1]` against `[N, C, H, W]` of 65,536 elements takes the
 /// channel loops (`kernels/channel.rs`), on either side of the op: values and gradients
 /// equal the closed forms, and 1 and 3 threads give the same bits.

@@ -227,6 +227,9 @@ impl<'s, T: Float> Var<'s, T> {
             let out = r.alloc(so.numel())?;
             let ohw = win.oh * win.ow;
             win.for_planes(self.core.par, out, ohw, &|planes, out| {
+                if win.plain() {
+                    return win.max_plain(planes, x, out);
+                }
                 let base = planes.start * ohw;
                 out.fill(T::neg_infinity());
                 // A NaN in the window wins and stays (PyTorch).
@@ -296,6 +299,9 @@ pub(crate) fn backward_max_pool2d<'s, T: Float>(
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
         let hw = win.h * win.w;
         win.for_planes(par, dx, hw, &|planes, dx| {
+            if win.plain() {
+                return win.max_grad_plain(planes, xv, yv, dout, dx);
+            }
             let base = planes.start * hw;
             // The first position equal to the window's maximum (the first NaN, for a NaN
             // maximum) gets the gradient. Taps come window by window, so remembering the

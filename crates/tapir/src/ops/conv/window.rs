@@ -136,6 +136,63 @@ impl Window {
         });
     }
 
+    /// Whether every tap of every window lies inside the input and taps are adjacent: no
+    /// padding, no dilation. Such windows take the max-pooling loops below, which read
+    /// each window's rows as slices instead of clipping ranges tap by tap.
+    #[inline]
+    pub(super) fn plain(&self) -> bool {
+        self.ph == 0 && self.pw == 0 && !self.dilated()
+    }
+
+    /// Max pooling of a [`plain`](Window::plain) window over the planes `planes`: `out`
+    /// holds their outputs. The taps are visited in row-major window order and a NaN wins
+    /// and stays, as in the general loop, so the values are the same.
+    pub(super) fn max_plain<T: Float>(&self, planes: Range<usize>, x: &[T], out: &mut [T]) {
+        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        for (p, out) in planes.zip(out.chunks_exact_mut(ohw)) {
+            let plane = &x[p * hw..(p + 1) * hw];
+            for (oi, out) in out.chunks_exact_mut(self.ow).enumerate() {
+                for (oj, o) in out.iter_mut().enumerate() {
+                    let mut m = T::neg_infinity();
+                    for a in 0..self.kh {
+                        let at = (oi * self.sh + a) * self.w + oj * self.sw;
+                        for &v in &plane[at..at + self.kw] {
+                            if !m.is_nan() && (v > m || v.is_nan()) {
+                                m = v;
+                            }
+                        }
+                    }
+                    *o = m;
+                }
+            }
+        }
+    }
+
+    /// Max pooling's gradient for a [`plain`](Window::plain) window over the planes
+    /// `planes`: `dx` holds their input gradients; the first tap equal to the window's
+    /// maximum (the first NaN, for a NaN maximum) gets `dout`, as in the general loop.
+    pub(super) fn max_grad_plain<T: Float>(&self, planes: Range<usize>, x: &[T], y: &[T], dout: &[T], dx: &mut [T]) {
+        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
+            let plane = &x[p * hw..(p + 1) * hw];
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    let o = p * ohw + oi * self.ow + oj;
+                    let m = y[o];
+                    'window: for a in 0..self.kh {
+                        let at = (oi * self.sh + a) * self.w + oj * self.sw;
+                        for (b, &v) in plane[at..at + self.kw].iter().enumerate() {
+                            if v == m || (v.is_nan() && m.is_nan()) {
+                                dx[at + b] += dout[o];
+                                break 'window;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Calls `f(o, i)` for every output position `o` of the `(n, c)` planes `planes` and
     /// every input position `i` of its window, both as flat indices into the whole output
     /// and input, in row-major window order.

@@ -167,23 +167,35 @@ impl<'s, T: Float> Var<'s, T> {
         let f = const { UnaryFn::from_code(F) };
         if const { UnaryFn::from_code(F).reads_only_output() } {
             let location = std::panic::Location::caller();
-            return self.core.record_reading(OpKind::Unary(f).name(), location, Some(self.id), |r, held| {
-                let n = r.node(self.id);
-                let out = match held {
-                    Some(buf) => {
-                        let buf = f.forward(c, InPlaceMap { buf, par: self.core.par });
-                        r.overwrite(self.id, buf)
-                    }
-                    None => f.forward(c, Record { r, x: n.value, par: self.core.par })?,
-                };
-                Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
-            });
+            // The closures are forced inline too (see `UnaryFn::forward`): W3's chain is
+            // nothing but this path.
+            return self.core.record_reading(
+                OpKind::Unary(f).name(),
+                location,
+                Some(self.id),
+                #[inline(always)]
+                |r, held| {
+                    let n = r.node(self.id);
+                    let out = match held {
+                        Some(buf) => {
+                            let buf = f.forward(c, InPlaceMap { buf, par: self.core.par });
+                            r.overwrite(self.id, buf)
+                        }
+                        None => f.forward(c, Record { r, x: n.value, par: self.core.par })?,
+                    };
+                    Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
+                },
+            );
         }
-        self.core.record(OpKind::Unary(f), |r| {
-            let n = r.node(self.id);
-            let out = f.forward(c, Record { r, x: n.value, par: self.core.par })?;
-            Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
-        })
+        self.core.record(
+            OpKind::Unary(f),
+            #[inline(always)]
+            |r| {
+                let n = r.node(self.id);
+                let out = f.forward(c, Record { r, x: n.value, par: self.core.par })?;
+                Ok((Op::Unary { f, x: self.id, c }, n.shape, out))
+            },
+        )
     }
 
     /// `-x`. (Also the `-` operator.)

@@ -130,26 +130,29 @@ impl<'s, T: Float> Core<'s, T> {
         };
         let op = self.op_name(op);
         let result = f(&mut Rec { tape: &mut tape, arena: self.arena, op, location }, held);
-        let pushed = result.and_then(|(kind, shape, value)| {
-            // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
-            // the caller said so explicitly); every other node inherits it from its inputs.
-            let mut requires_grad = matches!(kind, Op::Variable | Op::Param(_));
-            if tape.no_grad == 0 {
-                tape.for_each_input(&kind, |i| requires_grad |= tape.node(i).requires_grad);
-            }
-            if self.checks {
-                if self.anomaly {
-                    if !value.iter().all(|v| v.is_finite()) {
-                        return Err(Error::NonFinite { op, phase: "forward", shape, location });
+        let pushed = result.and_then(
+            #[inline(always)]
+            |(kind, shape, value)| {
+                // Gradient-requesting leaves ask for one themselves (even under `no_grad`, as
+                // the caller said so explicitly); every other node inherits it from its inputs.
+                let mut requires_grad = matches!(kind, Op::Variable | Op::Param(_));
+                if tape.no_grad == 0 {
+                    tape.for_each_input(&kind, |i| requires_grad |= tape.node(i).requires_grad);
+                }
+                if self.checks {
+                    if self.anomaly {
+                        if !value.iter().all(|v| v.is_finite()) {
+                            return Err(Error::NonFinite { op, phase: "forward", shape, location });
+                        }
+                        tape.locs.push(location);
                     }
-                    tape.locs.push(location);
+                    if let Some((p, t)) = timer {
+                        p.stop(kind.kind(), false, t);
+                    }
                 }
-                if let Some((p, t)) = timer {
-                    p.stop(kind.kind(), false, t);
-                }
-            }
-            tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
-        });
+                tape.push(NodeView { value, op: kind, shape, requires_grad }, op, location)
+            },
+        );
         match pushed {
             Ok(id) => {
                 // Open forward-mode levels keep `slow` set; the test is then out of line.

@@ -96,7 +96,7 @@ impl<'s, T: Copy> Tape<'s, T> {
     }
 
     /// Calls `f` on every input of `op`, in order (an input used twice is visited twice).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn for_each_input(&self, op: &Op<'s, T>, mut f: impl FnMut(NodeId<'s>)) {
         match op.inputs() {
             Inputs::Fixed(ids, n) => ids[..n].iter().for_each(|&x| f(x)),

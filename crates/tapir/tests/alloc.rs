@@ -266,3 +266,35 @@ fn warmed_up_session_step_allocates_nothing() {
     assert!(counts[0] > 0, "the first step sets the arena and tape up");
     assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
 }
+
+/// And for a session that lends its scope the store and the gradient buffer
+/// ([`tapir::Session::with_param`], [`tapir::Session::backward_into`]): holding the store's
+/// `Arc` and the buffer reuses the session's own slots.
+#[test]
+fn warmed_up_lending_session_step_allocates_nothing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut store = ParamStore::<f32>::new();
+    let w = store.add("w", Tensor::normal(&[16, 8], 0.0, 0.2, &mut rng).unwrap()).unwrap();
+    let x: Vec<f32> = Tensor::<f32>::normal(&[4, 16], 0.0, 1.0, &mut rng).unwrap().data().to_vec();
+    let mut grads = Some(store.zeros_like().unwrap());
+    let store = std::sync::Arc::new(store);
+    let mut graph = Graph::<f32>::new();
+    graph.set_threads(1);
+    let mut session = tapir::Session::new(graph);
+    let mut counts = vec![];
+    for _ in 0..20 {
+        let before = ALLOC.allocations();
+        let mut buffer = grads.take().unwrap();
+        buffer.zero();
+        session.open();
+        let xi = session.with(|s| s.tensor(&x, &[4, 16]).index()).unwrap();
+        let li = session.with_param(&store, w, |s, w| s.var_at(xi).unwrap().matmul(w).tanh().square().mean().index());
+        session.backward_into(li.unwrap(), buffer).ok().unwrap().unwrap();
+        session.close();
+        grads = session.take_grads();
+        counts.push(ALLOC.allocations() - before);
+    }
+    assert!(grads.unwrap().as_slice().iter().any(|&g| g != 0.0), "the gradients came back");
+    assert!(counts[0] > 0, "the first step sets the arena and tape up");
+    assert!(counts[1..].iter().all(|&c| c == 0), "allocations per step: {counts:?}");
+}

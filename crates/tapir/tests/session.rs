@@ -152,3 +152,88 @@ fn exit_no_grad_never_ends_a_closure_region() {
     assert!(!frozen);
     assert!(session.with(|s| s.var_at(x).unwrap().exp().requires_grad()).unwrap(), "the closure's region ended");
 }
+
+/// A two-layer step, `L = Σ tanh(x·W1)·W2`, recorded from `store` by `param`.
+fn two_layer<'s, 'g>(
+    s: &'s tapir::Scope<'s, 'g, f64>,
+    x: &[f64],
+    w1: tapir::Var<'s, f64>,
+    w2: tapir::Var<'s, f64>,
+) -> tapir::Var<'s, f64> {
+    s.tensor(x, &[2, 3]).matmul(w1).tanh().matmul(w2).sum()
+}
+
+#[test]
+fn lent_parameters_and_buffer_give_what_a_closure_scope_gives() {
+    use std::sync::Arc;
+    let mut store = ParamStore::<f64>::new();
+    let w1 = store.add("w1", Tensor::from_vec(vec![0.3, -0.2, 0.5, 0.1, -0.4, 0.6], &[3, 2]).unwrap()).unwrap();
+    let w2 = store.add("w2", Tensor::from_vec(vec![0.7, -1.1], &[2, 1]).unwrap()).unwrap();
+    let x = [1.0, -2.0, 0.5, 0.25, 3.0, -1.5];
+    let mut by_scope = store.zeros_like().unwrap();
+    let mut by_session = Some(store.zeros_like().unwrap());
+    let shared = Arc::new(store.clone());
+    let mut session = Session::new(Graph::<f64>::new());
+    let mut first_dw2 = None;
+    for step in 0..3 {
+        Graph::<f64>::new()
+            .scope(|s| s.backward_into(two_layer(s, &x, s.param(&store, w1), s.param(&store, w2)), &mut by_scope))
+            .unwrap();
+        assert!(session.open());
+        let a = session.with_param(&shared, w1, |_, v| v.index()).unwrap();
+        let (b, loss) = session
+            .with_param(&shared, w2, |s, v2| (v2.index(), two_layer(s, &x, s.var_at(a).unwrap(), v2).index()))
+            .unwrap();
+        let mut mine = Arc::clone(&shared);
+        assert!(Arc::get_mut(&mut mine).is_none(), "the open scope holds the store");
+        drop(mine);
+        let grads = by_session.take().unwrap();
+        session.backward_into(loss, grads).unwrap().unwrap();
+        // The parameter's `grad` is this step's gradient (at step 0, the lent buffer's slot).
+        let dw2 = session.with(|s| s.var_at(b).unwrap().grad().unwrap().to_vec()).unwrap();
+        let first = first_dw2.get_or_insert_with(|| by_scope.get(w2).unwrap().data().to_vec());
+        assert_eq!(&dw2, first, "step {step}");
+        assert!(session.take_grads().is_none(), "lent while the scope is open");
+        assert!(session.close());
+        by_session = session.take_grads();
+        assert!(session.take_grads().is_none(), "handed back once");
+        for id in [w1, w2] {
+            let (a, b) = (by_scope.get(id).unwrap(), by_session.as_ref().unwrap().get(id).unwrap());
+            assert_eq!(a.data(), b.data(), "step {step}: the same gradients, bit for bit");
+        }
+    }
+    // Closed-form check of one entry: ∂L/∂W2[0] = Σ_rows tanh(x·W1)[row, 0], three steps.
+    let h0: f64 = (0..2).map(|r| (0..3).map(|k| x[r * 3 + k] * [0.3, 0.5, -0.4][k]).sum::<f64>().tanh()).sum();
+    let got = by_session.as_ref().unwrap().get(w2).unwrap().data()[0];
+    assert!((got - 3.0 * h0).abs() < 1e-12, "{got} vs {}", 3.0 * h0);
+    let mut free = shared;
+    assert!(Arc::get_mut(&mut free).is_some(), "closing the scope let the store go");
+}
+
+#[test]
+fn a_buffer_is_refused_unless_a_scope_can_take_it() {
+    use std::sync::Arc;
+    let mut store = ParamStore::<f32>::new();
+    let w = store.add("w", Tensor::ones(&[2]).unwrap()).unwrap();
+    let other = ParamStore::<f32>::new().zeros_like().unwrap();
+    let store = Arc::new(store);
+    let mut session = Session::new(Graph::<f32>::new());
+    let grads = store.zeros_like().unwrap();
+    let grads = session.backward_into(0, grads).unwrap_err(); // no scope is open
+    session.open();
+    let loss = session.with_param(&store, w, |_, v| v.sum().index()).unwrap();
+    let grads = session.backward_into(loss + 1, grads).unwrap_err(); // not a node
+                                                                     // A buffer of another store: the pass refuses it, and the session keeps it, unchanged,
+                                                                     // until the scope closes.
+    let e = session.backward_into(loss, other).unwrap().unwrap_err();
+    assert!(matches!(e, Error::WrongStore { op: "backward_into", .. }), "{e}");
+    let grads = session.backward_into(loss, grads).unwrap_err(); // one buffer per scope
+    session.close();
+    let back = session.take_grads().unwrap();
+    assert_eq!(back.as_slice(), &[] as &[f32]);
+    // The refused buffer is untouched and works in the next scope.
+    session.open();
+    let loss = session.with_param(&store, w, |_, v| (v * 3.0).sum().index()).unwrap();
+    session.backward_into(loss, grads).unwrap().unwrap();
+    drop(session); // still lent: freed with the session (see `just asan`)
+}

@@ -10,17 +10,21 @@
 //! [`Scope::var_at`], which checks the index against the tape.
 //!
 //! The open scope's references into the graph (its arenas) are typed `'static` while the
-//! scope is stored, and are valid until [`Session::close`]: this file holds the two
-//! `unsafe` blocks that say so, and nothing else in the crate knows.
+//! scope is stored, and are valid until [`Session::close`]: this file holds the `unsafe`
+//! blocks that say so, and nothing else in the crate knows. The same holds for what a
+//! session lends its scope without a copy: parameter stores ([`Session::with_param`],
+//! which holds an `Arc` of the store until `close`) and a gradient buffer
+//! ([`Session::backward_into`], which keeps the buffer until [`Session::take_grads`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::dtype::Float;
+use crate::error::Result;
 use crate::graph::graph::Graph;
-use crate::record::handles::Scope;
-#[cfg(doc)]
-use crate::record::handles::Var;
+use crate::params::{GradBuffer, ParamId, ParamStore};
+use crate::record::handles::{Scope, Var};
 
 /// A [`Graph`] whose scope is opened and closed by calls: [`open`](Session::open),
 /// [`with`](Session::with) for each piece of work, [`close`](Session::close). Closing
@@ -30,8 +34,11 @@ use crate::record::handles::Var;
 ///
 /// Anything the open scope borrows must outlive the session: its scope is a
 /// `Scope<'s, 'static, T>`, so [`Scope::input`], [`Scope::leaf`] and [`Scope::param`]
-/// take `'static` data. Use the copying forms instead: [`Scope::tensor`],
-/// [`Scope::variable`] and [`Scope::param_copied`].
+/// take `'static` data. Use the copying forms instead ([`Scope::tensor`],
+/// [`Scope::variable`]), or let the session hold what is lent: [`Session::with_param`]
+/// borrows a parameter from an `Arc<ParamStore>` without a copy, and
+/// [`Session::backward_into`] writes parameter gradients straight into a buffer the
+/// session keeps until the scope closes.
 ///
 /// ```
 /// # fn main() -> Result<(), tapir::Error> {
@@ -71,13 +78,32 @@ pub struct Session<T: Float = f32> {
     /// yet exited: the tape's depth counts these and [`Scope::no_grad`]'s own, and
     /// `exit_no_grad` removes only these, so it cannot end a closure's region.
     no_grad: Cell<u32>,
+    /// The stores the open scope borrows parameters from ([`Session::with_param`]), held
+    /// until `close` so that their `'static` borrows stay valid and no one can change them
+    /// (`Arc::get_mut` fails while a clone is here).
+    held: RefCell<Vec<Arc<ParamStore<T>>>>,
+    /// The gradient buffer lent to the open (or last) scope by [`Session::backward_into`],
+    /// boxed once in `new` so that its address stays put. Written through a shared borrow
+    /// only while `lending` is false (nothing refers into it then); read back by
+    /// [`Session::take_grads`] once the scope is closed.
+    lent: Box<UnsafeCell<Option<GradBuffer<T>>>>,
+    /// Whether `lent` holds a buffer the scope may refer into.
+    lending: Cell<bool>,
 }
 
 impl<T: Float> Session<T> {
     /// A session over `graph`, closed.
     pub fn new(graph: Graph<T>) -> Session<T> {
         let graph = NonNull::from(Box::leak(Box::new(graph)));
-        Session { graph, scope: Box::new(None), opened: 0, no_grad: Cell::new(0) }
+        Session {
+            graph,
+            scope: Box::new(None),
+            opened: 0,
+            no_grad: Cell::new(0),
+            held: RefCell::default(),
+            lent: Box::new(UnsafeCell::new(None)),
+            lending: Cell::new(false),
+        }
     }
 
     /// Opens a scope, as [`Graph::scope`] does before calling its closure; `false` (and
@@ -117,6 +143,114 @@ impl<T: Float> Session<T> {
     pub fn with<R>(&self, f: impl for<'s> FnOnce(&'s Scope<'s, 'static, T>) -> R) -> Option<R> {
         let scope: &Scope<'static, 'static, T> = self.scope.as_ref().as_ref()?;
         Some(f(shorten(scope)))
+    }
+
+    /// Runs `f` on the open scope with parameter `id` of `store` recorded as a node that
+    /// borrows the store's data without a copy ([`Scope::param`]); `None` if no scope is
+    /// open. The session holds a clone of the `Arc` until [`close`](Session::close), so
+    /// the store cannot change while the scope reads it: `Arc::get_mut` on it fails until
+    /// then. An id of another store poisons the scope, as with `Scope::param`.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut store = tapir::ParamStore::<f64>::new();
+    /// let w = store.add("w", tapir::Tensor::from_vec(vec![3.0], &[])?)?;
+    /// let mut store = Arc::new(store);
+    /// let mut session = tapir::Session::new(tapir::Graph::new());
+    /// session.open();
+    /// let wi = session.with_param(&store, w, |_, w| w.index()).unwrap();
+    /// assert!(Arc::get_mut(&mut store).is_none(), "read by the open scope");
+    /// let dw = session.with(|s| {
+    ///     let w = s.var_at(wi).unwrap();
+    ///     s.backward(w * w)?;
+    ///     Ok::<_, tapir::Error>(w.grad().unwrap()[0])
+    /// });
+    /// assert_eq!(dw, Some(Ok(6.0)));
+    /// session.close();
+    /// assert!(Arc::get_mut(&mut store).is_some(), "free again");
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn with_param<R>(
+        &self,
+        store: &Arc<ParamStore<T>>,
+        id: ParamId,
+        f: impl for<'s> FnOnce(&'s Scope<'s, 'static, T>, Var<'s, T>) -> R,
+    ) -> Option<R> {
+        let scope = shorten(self.scope.as_ref().as_ref()?);
+        let mut held = self.held.borrow_mut();
+        if !held.iter().any(|h| Arc::ptr_eq(h, store)) {
+            held.push(Arc::clone(store));
+        }
+        drop(held);
+        // SAFETY: `held` keeps a clone of this `Arc` until `close` has taken the scope
+        // apart, so the store lives as long as any node that borrows it; an `Arc` hands
+        // out shared references only (and `ParamStore` has no interior mutability), so no
+        // `&mut` to it can exist meanwhile. The `'static` reference goes only into the
+        // stored scope, whose `'g` borrows all end at `close`.
+        let store: &'static ParamStore<T> = unsafe { &*Arc::as_ptr(store) };
+        let param = scope.param(store, id);
+        Some(f(scope, param))
+    }
+
+    /// Backward from the scalar node `loss` (a [`Var::index`]) into `grads`, without the
+    /// copy that [`Scope::backward_add`] makes: the session keeps the buffer, lent to the
+    /// scope as [`Scope::backward_into`] lends it, and hands it back through
+    /// [`take_grads`](Session::take_grads) once the scope is closed, whether the pass
+    /// succeeded or not (on error it is unchanged, as `Scope::backward_into` promises).
+    ///
+    /// `Err(grads)`, with nothing changed, if no scope is open, a buffer is lent already
+    /// (one per scope: the tape is consumed by the first pass anyway), or `loss` is not a
+    /// node of the open scope. Otherwise `Ok` with the pass's result.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # fn main() -> Result<(), tapir::Error> {
+    /// let mut store = tapir::ParamStore::<f64>::new();
+    /// let w = store.add("w", tapir::Tensor::from_vec(vec![1.0, 2.0], &[2])?)?;
+    /// let (store, mut grads) = (Arc::new(store.clone()), store.zeros_like()?);
+    /// let mut session = tapir::Session::new(tapir::Graph::new());
+    /// for _ in 0..2 {
+    ///     session.open();
+    ///     let loss = session.with_param(&store, w, |_, w| w.square().sum().index()).unwrap();
+    ///     session.backward_into(loss, grads).map_err(|_| "refused").unwrap()?;
+    ///     assert!(session.take_grads().is_none(), "lent until the scope closes");
+    ///     session.close();
+    ///     grads = session.take_grads().unwrap();
+    /// }
+    /// assert_eq!(grads.get(w)?.data(), [4.0, 8.0]); // two steps of 2w, accumulated
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn backward_into(&self, loss: usize, grads: GradBuffer<T>) -> std::result::Result<Result<()>, GradBuffer<T>> {
+        let Some(scope) = self.scope.as_ref().as_ref() else {
+            return Err(grads);
+        };
+        let scope = shorten(scope);
+        let Some(loss) = scope.var_at(loss).filter(|_| !self.lending.get()) else {
+            return Err(grads);
+        };
+        self.lending.set(true);
+        // SAFETY: `lending` was false, so nothing refers into `lent` (it is set here and
+        // cleared only by `take_grads`, through `&mut self` with no scope open), and the
+        // session is not `Sync`, so this is the only reference to the slot. The buffer
+        // stays in the slot, at a fixed address, until `take_grads` or `Drop`, both after
+        // `close` has taken the scope apart: so whatever the pass leaves in the tape that
+        // points into the buffer (its lent gradient slots, typed `'s`) is valid as long as
+        // the scope is, exactly as `Scope::backward_into` requires of a `&'s mut`.
+        let grads: &mut GradBuffer<T> = unsafe { &mut *self.lent.get() }.insert(grads);
+        Ok(scope.backward_into(loss, grads))
+    }
+
+    /// The buffer lent by [`backward_into`](Session::backward_into), once the scope that
+    /// used it is closed; `None` while a scope is open or if none is lent.
+    pub fn take_grads(&mut self) -> Option<GradBuffer<T>> {
+        if self.is_open() {
+            return None;
+        }
+        self.lending.set(false);
+        self.lent.get_mut().take()
     }
 
     /// Turns gradient recording off in the open scope until the matching
@@ -178,6 +312,8 @@ impl<T: Float> Session<T> {
         // No other reference into the graph is live (see `open`).
         let graph: &mut Graph<T> = unsafe { &mut *self.graph.as_ptr() };
         graph.finish_parts(&mut tape, &mut blocks);
+        // The tape no longer borrows the stores (its vectors are emptied): let them go.
+        self.held.get_mut().clear();
         true
     }
 
@@ -228,6 +364,8 @@ impl<T: Float> std::fmt::Debug for Session<T> {
             .field("open", &self.is_open())
             .field("opened", &self.opened)
             .field("no_grad", &self.no_grad.get())
+            .field("held_stores", &self.held.borrow().len())
+            .field("lending", &self.lending.get())
             .finish()
     }
 }

@@ -11,8 +11,7 @@ use tapir::{Float, Scope, Var};
 use crate::convert;
 use crate::errors;
 use crate::nograd::PyNoGrad;
-use crate::params::PyParamStore;
-use crate::params::{PyGradBuffer, Store};
+use crate::params::{Grads, PyGradBuffer, PyParamStore, Store};
 use crate::registry::{self, on_scope, DType, Entry, Missing};
 use crate::tensor;
 use crate::var::{finish, PyVar};
@@ -124,6 +123,15 @@ impl PyGraph {
 impl Drop for PyGraph {
     fn drop(&mut self) {
         if self.thread == registry::thread() {
+            // A scope still open (its object kept by a suspended generator) ends with the
+            // graph: a gradient buffer it holds goes back to its Python object first.
+            let _ = registry::with_mut(self.slot, self.serial, |e| {
+                match &mut e.sess {
+                    registry::Sess::F32(s) => s.close(),
+                    registry::Sess::F64(s) => s.close(),
+                };
+                Python::attach(|py| e.give_back(py));
+            });
             registry::remove(self.slot, self.serial);
         }
     }
@@ -251,6 +259,7 @@ impl PyScope {
                     registry::Sess::F32(s) => s.close(),
                     registry::Sess::F64(s) => s.close(),
                 };
+                e.give_back(py);
                 e.ended_at = at;
                 e.ended = number;
                 for b in e.borrows.get_mut().drain(..) {
@@ -298,8 +307,9 @@ impl PyScope {
         })
     }
 
-    /// Parameter `name` of `store`, copied into the arena. The store is borrowed until the
-    /// scope ends: changing it meanwhile (`opt.step`, `store[name] = ...`) raises `ScopeError`.
+    /// Parameter `name` of `store`, read in place (no copy). The store is borrowed until
+    /// the scope ends: changing it meanwhile (`opt.step`, `store[name] = ...`) raises
+    /// `ScopeError`.
     fn param(&self, py: Python<'_>, store: &Bound<'_, PyParamStore>, name: &str) -> PyResult<PyVar> {
         let mut st = store.borrow_mut();
         if st.kind() != self.dtype {
@@ -317,15 +327,13 @@ impl PyScope {
         st.lend(flag);
         let st = &*st;
         self.make(py, "param", |m| {
-            match (&st.store, m.e.dtype()) {
-                (Store::F32(p), DType::F32) => match &m.e.sess {
-                    registry::Sess::F32(ss) => ss.with(|s| finish(m.py, m.e, m.slot, s.param_copied(p, id), m.op)),
-                    registry::Sess::F64(_) => None,
-                },
-                (Store::F64(p), DType::F64) => match &m.e.sess {
-                    registry::Sess::F64(ss) => ss.with(|s| finish(m.py, m.e, m.slot, s.param_copied(p, id), m.op)),
-                    registry::Sess::F32(_) => None,
-                },
+            match (&st.store, &m.e.sess) {
+                (Store::F32(p), registry::Sess::F32(ss)) => {
+                    ss.with_param(p, id, |_, v| finish(m.py, m.e, m.slot, v, m.op))
+                }
+                (Store::F64(p), registry::Sess::F64(ss)) => {
+                    ss.with_param(p, id, |_, v| finish(m.py, m.e, m.slot, v, m.op))
+                }
                 _ => None,
             }
             .unwrap_or_else(|| Err(errors::dtype(m.py, "param: store and graph dtypes differ".into())))
@@ -345,23 +353,63 @@ impl PyScope {
     }
 
     /// As `backward`, adding every parameter's gradient into `grads`
-    /// (`grads[p] += ∂loss/∂p`; zero it between steps with `grads.zero()`).
+    /// (`grads[p] += ∂loss/∂p`; zero it between steps with `grads.zero()`). The scope
+    /// keeps `grads` until it ends (the gradients are written straight into it, with no
+    /// copy); using it meanwhile raises `ScopeError`.
     fn backward_into(&self, py: Python<'_>, loss: &Bound<'_, PyVar>, grads: &Bound<'_, PyGradBuffer>) -> PyResult<()> {
         let mut g = grads.borrow_mut();
-        self.run(py, |e| match (&e.sess, &mut g.grads) {
-            (registry::Sess::F32(ss), crate::params::Grads::F32(buf)) => ss
-                .with(|s| {
-                    let y = vars_of(py, s, std::slice::from_ref(loss), self)?[0];
-                    s.backward_add(y, buf).map_err(|err| errors::engine(py, &err))
-                })
-                .unwrap_or(Ok(())),
-            (registry::Sess::F64(ss), crate::params::Grads::F64(buf)) => ss
-                .with(|s| {
-                    let y = vars_of(py, s, std::slice::from_ref(loss), self)?[0];
-                    s.backward_add(y, buf).map_err(|err| errors::engine(py, &err))
-                })
-                .unwrap_or(Ok(())),
-            _ => Err(errors::dtype(py, "backward_into: gradient buffer and graph dtypes differ".into())),
+        g.grads.check_here(py, "backward_into")?;
+        self.run(py, |e| {
+            let index = match (&e.sess, &g.grads) {
+                (registry::Sess::F32(ss), Grads::F32(_)) => {
+                    ss.with(|s| vars_of(py, s, std::slice::from_ref(loss), self).map(|v| v[0].index()))
+                }
+                (registry::Sess::F64(ss), Grads::F64(_)) => {
+                    ss.with(|s| vars_of(py, s, std::slice::from_ref(loss), self).map(|v| v[0].index()))
+                }
+                _ => return Err(errors::dtype(py, "backward_into: gradient buffer and graph dtypes differ".into())),
+            }
+            .unwrap_or_else(|| Err(errors::scope(py, "no scope is open".into())))?;
+            let mut lent = e.lent_grads.borrow_mut();
+            if lent.is_some() {
+                // This scope holds a buffer already (and its tape is consumed): the copying
+                // form, which reports what is wrong without taking this buffer.
+                return match (&e.sess, &mut g.grads) {
+                    (registry::Sess::F32(ss), Grads::F32(b)) => {
+                        ss.with(|s| s.var_at(index).map(|y| s.backward_add(y, b)))
+                    }
+                    (registry::Sess::F64(ss), Grads::F64(b)) => {
+                        ss.with(|s| s.var_at(index).map(|y| s.backward_add(y, b)))
+                    }
+                    _ => None,
+                }
+                .flatten()
+                .unwrap_or(Ok(()))
+                .map_err(|err| errors::engine(py, &err));
+            }
+            let buffer = std::mem::replace(&mut g.grads, Grads::Lent(e.opened_at.clone()));
+            let result = match (&e.sess, buffer) {
+                (registry::Sess::F32(ss), Grads::F32(b)) => {
+                    ss.backward_into(index, b).map_err(|n| (Grads::F32(n.grads), n.error))
+                }
+                (registry::Sess::F64(ss), Grads::F64(b)) => {
+                    ss.backward_into(index, b).map_err(|n| (Grads::F64(n.grads), n.error))
+                }
+                (_, other) => Err((other, None)),
+            };
+            match result {
+                Ok(pass) => {
+                    *lent = Some(grads.clone().unbind());
+                    pass.map_err(|err| errors::engine(py, &err))
+                }
+                Err((back, error)) => {
+                    g.grads = back;
+                    Err(match error {
+                        Some(err) => errors::engine(py, &err),
+                        None => errors::scope(py, "backward_into: the scope could not take the gradient buffer".into()),
+                    })
+                }
+            }
         })
     }
 

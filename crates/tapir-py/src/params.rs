@@ -15,16 +15,44 @@ use crate::errors;
 use crate::registry::DType;
 use crate::tensor;
 
-/// A store of either element type.
+/// A store of either element type. Shared with the sessions whose open scopes read it
+/// (`tapir::Session::with_param` holds a clone until the scope ends), so it changes only
+/// through `Arc::get_mut`, which fails while a scope reads it.
 pub(crate) enum Store {
-    F32(ParamStore<f32>),
-    F64(ParamStore<f64>),
+    F32(Arc<ParamStore<f32>>),
+    F64(Arc<ParamStore<f64>>),
 }
 
-/// A gradient buffer of either element type.
+/// A gradient buffer of either element type, or where it is while a scope holds it.
 pub(crate) enum Grads {
     F32(GradBuffer<f32>),
     F64(GradBuffer<f64>),
+    /// Lent to the scope opened at this Python `file:line` by `s.backward_into`, which
+    /// writes the gradients straight into it; back when that scope ends.
+    Lent(String),
+}
+
+impl Grads {
+    /// `ScopeError` if the buffer is lent to an open scope.
+    pub(crate) fn check_here(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        match self {
+            Grads::Lent(at) => Err(errors::scope(
+                py,
+                format!("{what}: the gradient buffer is lent to the scope opened at {at} by backward_into; use it after that scope's `with` block"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The store to change, or `ScopeError` if an open scope still reads it.
+fn unique<'a, T: Float>(py: Python<'_>, s: &'a mut Arc<ParamStore<T>>, what: &str) -> PyResult<&'a mut ParamStore<T>> {
+    Arc::get_mut(s).ok_or_else(|| {
+        errors::scope(
+            py,
+            format!("{what}: the parameters are borrowed by an open scope; change them after its `with` block"),
+        )
+    })
 }
 
 /// Named parameters that survive scopes: `store.add("w", array)`, `s.param(store, "w")`.
@@ -117,8 +145,8 @@ impl PyParamStore {
     #[pyo3(signature = (dtype=None))]
     fn new(py: Python<'_>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let store = match dtype.map(|d| convert::parse_dtype(py, d, "ParamStore")).transpose()?.unwrap_or(DType::F32) {
-            DType::F32 => Store::F32(ParamStore::new()),
-            DType::F64 => Store::F64(ParamStore::new()),
+            DType::F32 => Store::F32(Arc::default()),
+            DType::F64 => Store::F64(Arc::default()),
         };
         Ok(PyParamStore { store, lent: None })
     }
@@ -128,8 +156,8 @@ impl PyParamStore {
         self.check_free(py, "ParamStore.add")?;
         let dtype = self.kind();
         match &mut self.store {
-            Store::F32(s) => add_to(py, s, dtype, name, value),
-            Store::F64(s) => add_to(py, s, dtype, name, value),
+            Store::F32(s) => add_to(py, unique(py, s, "ParamStore.add")?, dtype, name, value),
+            Store::F64(s) => add_to(py, unique(py, s, "ParamStore.add")?, dtype, name, value),
         }
     }
 
@@ -153,8 +181,8 @@ impl PyParamStore {
         self.check_free(py, "ParamStore.__setitem__")?;
         let (id, dtype) = (self.id_of(py, name)?, self.kind());
         match &mut self.store {
-            Store::F32(s) => set_in(py, s, id, dtype, value),
-            Store::F64(s) => set_in(py, s, id, dtype, value),
+            Store::F32(s) => set_in(py, unique(py, s, "ParamStore.__setitem__")?, id, dtype, value),
+            Store::F64(s) => set_in(py, unique(py, s, "ParamStore.__setitem__")?, id, dtype, value),
         }
     }
 
@@ -215,8 +243,8 @@ impl PyParamStore {
     fn load_bytes(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
         self.check_free(py, "ParamStore.load_bytes")?;
         match &mut self.store {
-            Store::F32(s) => tapir_nn::io::load_bytes(s, data),
-            Store::F64(s) => tapir_nn::io::load_bytes(s, data),
+            Store::F32(s) => tapir_nn::io::load_bytes(unique(py, s, "ParamStore.load_bytes")?, data),
+            Store::F64(s) => tapir_nn::io::load_bytes(unique(py, s, "ParamStore.load_bytes")?, data),
         }
         .map_err(|e| errors::engine(py, &e))
     }
@@ -250,14 +278,14 @@ impl PyParamStore {
                 for (name, value) in &state {
                     add_to(py, &mut s, dtype, name, value)?;
                 }
-                Store::F32(s)
+                Store::F32(Arc::new(s))
             }
             DType::F64 => {
                 let mut s = ParamStore::new();
                 for (name, value) in &state {
                     add_to(py, &mut s, dtype, name, value)?;
                 }
-                Store::F64(s)
+                Store::F64(Arc::new(s))
             }
         };
         Ok(())
@@ -277,12 +305,14 @@ pub struct PyGradBuffer {
 
 #[pymethods]
 impl PyGradBuffer {
-    /// Sets every gradient to zero.
-    fn zero(&mut self) {
+    /// Sets every gradient to zero. `ScopeError` while lent to an open scope.
+    fn zero(&mut self, py: Python<'_>) -> PyResult<()> {
         match &mut self.grads {
             Grads::F32(g) => g.zero(),
             Grads::F64(g) => g.zero(),
+            Grads::Lent(_) => self.grads.check_here(py, "GradBuffer.zero")?,
         }
+        Ok(())
     }
 
     /// A copy of the gradient of parameter `name`.
@@ -301,6 +331,7 @@ impl PyGradBuffer {
                 let (_, v) = g.iter().nth(k).ok_or_else(|| errors::raise(py, "ParamError", name.to_string()))?;
                 Ok(convert::to_numpy(py, v.data(), &v.shape().to_vec())?.into_any())
             }
+            Grads::Lent(_) => self.grads.check_here(py, "GradBuffer.__getitem__").map(|()| py.None().into_bound(py)),
         }
     }
 }
@@ -346,9 +377,10 @@ impl PyOptimizer {
         let mut st = store.borrow_mut();
         st.check_free(py, "step")?;
         let g = grads.borrow();
+        g.grads.check_here(py, "step")?;
         match (&mut self.opt, &mut st.store, &g.grads) {
-            (Opt::F32(o), Store::F32(s), Grads::F32(g)) => o.step(s, g),
-            (Opt::F64(o), Store::F64(s), Grads::F64(g)) => o.step(s, g),
+            (Opt::F32(o), Store::F32(s), Grads::F32(g)) => o.step(unique(py, s, "step")?, g),
+            (Opt::F64(o), Store::F64(s), Grads::F64(g)) => o.step(unique(py, s, "step")?, g),
             _ => return Err(errors::dtype(py, "step: optimizer, store and gradients must share one dtype".into())),
         }
         .map_err(|e| errors::engine(py, &e))
@@ -444,6 +476,7 @@ pub fn clip_grad_norm(
 ) -> PyResult<f64> {
     let st = store.borrow();
     let mut g = grads.borrow_mut();
+    g.grads.check_here(py, "clip_grad_norm")?;
     match (&st.store, &mut g.grads) {
         (Store::F32(s), Grads::F32(g)) => tapir_nn::optim::clip_grad_norm(s, g, max_norm),
         (Store::F64(s), Grads::F64(g)) => tapir_nn::optim::clip_grad_norm(s, g, max_norm),

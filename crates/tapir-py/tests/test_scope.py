@@ -327,6 +327,93 @@ def test_store_changes_inside_the_scope_raise_and_succeed_after():
     store["w"] = np.zeros((3, 2), np.float32)
 
 
+def test_gradient_buffer_is_the_scopes_until_it_ends():
+    # backward_into writes the gradients straight into the buffer, so the scope keeps it
+    # until the `with` block ends: every use meanwhile raises ScopeError naming where the
+    # scope was opened, and afterwards the buffer holds ∂L/∂w.
+    store = tapir.ParamStore("float64")
+    store.add("w", np.array([1.0, -2.0, 3.0]))
+    grads = store.zeros_like()
+    opt = tapir.optim.SGD(store, lr=0.5)
+    g = tapir.Graph("float64")
+    with g.scope() as s:
+        opened = lineno() - 1
+        w = s.param(store, "w")
+        s.backward_into((w * w).sum(), grads)  # 2w
+        np.testing.assert_array_equal(w.grad, [2.0, -4.0, 6.0])  # read through the handle
+        for what, use in [
+            ("zero", grads.zero),
+            ("__getitem__", lambda: grads["w"]),
+            ("clip_grad_norm", lambda: tapir.optim.clip_grad_norm(store, grads, 1.0)),
+            ("backward_into", lambda: s.backward_into(w.sum(), grads)),
+        ]:
+            with pytest.raises(tapir.ScopeError) as e:
+                use()
+            assert what in str(e.value) and "gradient buffer" in str(e.value), str(e.value)
+            assert_located(e.value, lines=[opened])
+    np.testing.assert_array_equal(grads["w"], [2.0, -4.0, 6.0])
+    opt.step(store, grads)  # w ← w − 0.5·2w = 0
+    np.testing.assert_array_equal(store["w"], np.zeros(3))
+    # A second buffer in a scope whose tape is consumed: the engine's error, and the buffer
+    # is not taken.
+    other = store.zeros_like()
+    with g.scope() as s:
+        w = s.param(store, "w")
+        s.backward_into(w.sum(), grads)  # += 1
+        with pytest.raises(tapir.GradientError):
+            s.backward_into(w.sum(), other)
+        np.testing.assert_array_equal(other["w"], np.zeros(3))
+    np.testing.assert_array_equal(grads["w"], [3.0, -3.0, 7.0])
+
+
+def test_gradient_buffer_comes_back_after_an_exception_or_a_failed_pass():
+    store = tapir.ParamStore("float64")
+    store.add("w", np.array([1.0, 2.0]))
+    grads = store.zeros_like()
+    g = tapir.Graph("float64")
+    with pytest.raises(ZeroDivisionError):
+        with g.scope() as s:
+            s.backward_into((s.param(store, "w") * 3.0).sum(), grads)
+            1 / 0
+    np.testing.assert_array_equal(grads["w"], [3.0, 3.0])
+    # A buffer of another store is refused by the pass and comes back unchanged.
+    theirs = tapir.ParamStore("float64")
+    theirs.add("v", np.ones(2))
+    wrong = theirs.zeros_like()
+    with g.scope() as s:
+        with pytest.raises(tapir.TapirError):
+            s.backward_into(s.param(store, "w").sum(), wrong)
+    np.testing.assert_array_equal(wrong["v"], [0.0, 0.0])
+    # A non-scalar loss, or a loss of another scope, is refused before the buffer is taken.
+    with g.scope() as s:
+        w = s.param(store, "w")
+        with pytest.raises(tapir.TapirError):
+            s.backward_into(w, grads)
+        s.backward_into(w.sum(), grads)
+    np.testing.assert_array_equal(grads["w"], [4.0, 4.0])
+
+
+def test_gradient_buffer_comes_back_when_a_suspended_scope_dies_with_its_graph():
+    store = tapir.ParamStore("float64")
+    store.add("w", np.array([2.0]))
+    grads = store.zeros_like()
+
+    def steps():
+        g = tapir.Graph("float64")
+        with g.scope() as s:
+            s.backward_into((s.param(store, "w") ** 2).sum(), grads)
+            yield
+
+    it = steps()
+    next(it)
+    with pytest.raises(tapir.ScopeError):
+        grads.zero()
+    del it  # the generator is closed and its graph freed
+    gc.collect()
+    np.testing.assert_array_equal(grads["w"], [4.0])
+    store["w"] = np.array([0.0])  # and the store is free
+
+
 def test_second_derivative_of_cube():
     # y = x³: dy/dx = 3x², d²y/dx² = 6x, d³y/dx³ = 6.
     g = tapir.Graph(dtype="float64")

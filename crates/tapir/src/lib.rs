@@ -66,7 +66,7 @@ pub use graph::forward::Level;
 pub use graph::graph::{Graph, GraphStats};
 pub use graph::per_example::PerExample;
 pub use graph::report::{MemoryReport, OpMemory};
-pub use graph::session::Session;
+pub use graph::session::{NotLent, Session};
 pub use kernels::binary_fn::BinaryFn;
 pub use kernels::unary_fn::UnaryFn;
 pub use ops::conv::conv2d::Conv2dOptions;

@@ -218,20 +218,26 @@ fn a_buffer_is_refused_unless_a_scope_can_take_it() {
     let other = ParamStore::<f32>::new().zeros_like().unwrap();
     let store = Arc::new(store);
     let mut session = Session::new(Graph::<f32>::new());
-    let grads = store.zeros_like().unwrap();
-    let grads = session.backward_into(0, grads).unwrap_err(); // no scope is open
+    let refused = session.backward_into(0, store.zeros_like().unwrap()).unwrap_err(); // no scope is open
+    assert!(refused.error.is_none());
     session.open();
-    let loss = session.with_param(&store, w, |_, v| v.sum().index()).unwrap();
-    let grads = session.backward_into(loss + 1, grads).unwrap_err(); // not a node
-                                                                     // A buffer of another store: the pass refuses it, and the session keeps it, unchanged,
-                                                                     // until the scope closes.
-    let e = session.backward_into(loss, other).unwrap().unwrap_err();
+    let (wi, loss) = session.with_param(&store, w, |_, v| (v.index(), v.sum().index())).unwrap();
+    let refused = session.backward_into(loss + 1, refused.grads).unwrap_err(); // not a node
+    assert!(refused.error.is_none());
+    // The checks the pass runs first: a buffer of another store, a non-scalar loss.
+    let e = session.backward_into(loss, other).unwrap_err().error.unwrap();
     assert!(matches!(e, Error::WrongStore { op: "backward_into", .. }), "{e}");
-    let grads = session.backward_into(loss, grads).unwrap_err(); // one buffer per scope
+    assert!(e.to_string().contains("session.rs"), "located at the caller: {e}");
+    let refused = session.backward_into(wi, refused.grads).unwrap_err();
+    assert!(refused.error.is_some(), "a non-scalar loss");
+    assert!(session.take_grads().is_none(), "nothing was lent");
+    // Lent once; a second buffer in the same scope is refused.
+    session.backward_into(loss, store.zeros_like().unwrap()).unwrap().unwrap();
+    let grads = session.backward_into(loss, refused.grads).unwrap_err().grads;
     session.close();
-    let back = session.take_grads().unwrap();
-    assert_eq!(back.as_slice(), &[] as &[f32]);
-    // The refused buffer is untouched and works in the next scope.
+    assert_eq!(session.take_grads().unwrap().get(w).unwrap().data(), [1.0, 1.0]);
+    assert_eq!(grads.get(w).unwrap().data(), [0.0, 0.0], "untouched");
+    // The refused buffer works in the next scope.
     session.open();
     let loss = session.with_param(&store, w, |_, v| (v * 3.0).sum().index()).unwrap();
     session.backward_into(loss, grads).unwrap().unwrap();

@@ -342,6 +342,14 @@ impl<'s, 'g: 's, T: Float> Scope<'s, 'g, T> {
         self.add_into(&mut tape, loss, grads, location)
     }
 
+    /// The checks [`backward_into`](Scope::backward_into) runs before it changes anything
+    /// (the loss, the tape's state, `grads` against every parameter node), on their own:
+    /// for a caller that must know whether the buffer will be lent.
+    #[track_caller]
+    pub(crate) fn check_into(&'s self, loss: Var<'s, T>, grads: &GradBuffer<T>) -> Result<()> {
+        Self::ready_into(&self.core.tape.borrow(), loss, grads, "backward_into", Location::caller())
+    }
+
     /// [`ready`](Scope::ready), then checks that `grads` suits every parameter node.
     fn ready_into(
         tape: &State<'s, T>,

@@ -200,9 +200,11 @@ impl<T: Float> Session<T> {
     /// [`take_grads`](Session::take_grads) once the scope is closed, whether the pass
     /// succeeded or not (on error it is unchanged, as `Scope::backward_into` promises).
     ///
-    /// `Err(grads)`, with nothing changed, if no scope is open, a buffer is lent already
-    /// (one per scope: the tape is consumed by the first pass anyway), or `loss` is not a
-    /// node of the open scope. Otherwise `Ok` with the pass's result.
+    /// `Err`, with the buffer untouched, if nothing was lent: no scope is open, a buffer is
+    /// lent already (one per scope: the first pass consumes the tape anyway), `loss` is not
+    /// a node of the open scope, or the checks `Scope::backward_into` runs before it
+    /// changes anything fail ([`NotLent::error`]: a non-scalar loss, a consumed tape, a
+    /// buffer of another store). Otherwise `Ok` with the pass's result.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -213,8 +215,10 @@ impl<T: Float> Session<T> {
     /// let mut session = tapir::Session::new(tapir::Graph::new());
     /// for _ in 0..2 {
     ///     session.open();
-    ///     let loss = session.with_param(&store, w, |_, w| w.square().sum().index()).unwrap();
-    ///     session.backward_into(loss, grads).map_err(|_| "refused").unwrap()?;
+    ///     let (w, loss) = session.with_param(&store, w, |_, w| (w.index(), w.square().sum().index())).unwrap();
+    ///     let refused = session.backward_into(w, grads).unwrap_err(); // not a scalar
+    ///     assert!(refused.error.is_some());
+    ///     session.backward_into(loss, refused.grads).map_err(|_| "refused").unwrap()?;
     ///     assert!(session.take_grads().is_none(), "lent until the scope closes");
     ///     session.close();
     ///     grads = session.take_grads().unwrap();
@@ -223,14 +227,17 @@ impl<T: Float> Session<T> {
     /// # Ok(()) }
     /// ```
     #[track_caller]
-    pub fn backward_into(&self, loss: usize, grads: GradBuffer<T>) -> std::result::Result<Result<()>, GradBuffer<T>> {
+    pub fn backward_into(&self, loss: usize, grads: GradBuffer<T>) -> std::result::Result<Result<()>, NotLent<T>> {
         let Some(scope) = self.scope.as_ref().as_ref() else {
-            return Err(grads);
+            return Err(NotLent { grads, error: None });
         };
         let scope = shorten(scope);
         let Some(loss) = scope.var_at(loss).filter(|_| !self.lending.get()) else {
-            return Err(grads);
+            return Err(NotLent { grads, error: None });
         };
+        if let Err(error) = scope.check_into(loss, &grads) {
+            return Err(NotLent { grads, error: Some(error) });
+        }
         self.lending.set(true);
         // SAFETY: `lending` was false, so nothing refers into `lent` (it is set here and
         // cleared only by `take_grads`, through `&mut self` with no scope open), and the
@@ -347,6 +354,21 @@ fn shorten<'s, T: Float>(scope: &'s Scope<'static, 'static, T>) -> &'s Scope<'s,
     // generic over `'s`, so nothing it stores under `'s` can be a shorter-lived borrow of
     // the caller's. The layout is the same type's.
     unsafe { &*std::ptr::from_ref(scope).cast::<Scope<'s, 'static, T>>() }
+}
+
+/// A gradient buffer [`Session::backward_into`] did not lend, handed back untouched.
+pub struct NotLent<T: Float> {
+    /// The buffer, as it was.
+    pub grads: GradBuffer<T>,
+    /// Why the pass refused it ([`Scope::backward_into`]'s checks), or `None` if no pass
+    /// could start: no scope open, a buffer lent already, or not a node of the scope.
+    pub error: Option<crate::error::Error>,
+}
+
+impl<T: Float> std::fmt::Debug for NotLent<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotLent").field("error", &self.error).finish_non_exhaustive()
+    }
 }
 
 impl<T: Float> Drop for Session<T> {

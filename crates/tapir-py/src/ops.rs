@@ -81,14 +81,100 @@ fn axes(axis: Option<&Bound<'_, PyAny>>, rank: usize) -> PyResult<Vec<isize>> {
     }
 }
 
-/// Dimensions from `reshape(2, 3)` or `reshape((2, 3))`.
-fn dims_of(args: &Bound<'_, PyTuple>) -> PyResult<Vec<usize>> {
+/// Integers from `reshape(2, 3)` or `reshape((2, 3))`, negative ones included (each op
+/// says what a negative one means).
+fn dims_of(args: &Bound<'_, PyTuple>) -> PyResult<Vec<i64>> {
     if args.len() == 1 {
-        if let Ok(d) = args.get_item(0)?.extract::<Vec<usize>>() {
+        if let Ok(d) = args.get_item(0)?.extract::<Vec<i64>>() {
             return Ok(d);
         }
     }
-    args.extract::<Vec<usize>>()
+    args.extract::<Vec<i64>>()
+}
+
+/// An error of class `class` for `op` on `me`, naming the handle (its op and shape) and
+/// the caller's `file:line`.
+fn refuse(py: Python<'_>, me: &PyVar, class: &str, op: &str, detail: String) -> PyErr {
+    let at = errors::caller(py);
+    errors::raise(py, class, format!("{op}: {detail} for {} (at {at})", crate::var::describe(me.index, &me.meta)))
+}
+
+impl PyVar {
+    /// `reshape`'s dimensions, one `-1` inferred from the element count (NumPy's and
+    /// PyTorch's rule).
+    fn reshape_dims(&self, py: Python<'_>, dims: &[i64]) -> PyResult<Vec<usize>> {
+        let numel = self.meta.shape.numel();
+        let (mut infer, mut known, mut out) = (None, 1usize, Vec::with_capacity(dims.len()));
+        for (k, &d) in dims.iter().enumerate() {
+            match (d, usize::try_from(d)) {
+                (_, Ok(d)) => {
+                    known = known.saturating_mul(d);
+                    out.push(d);
+                }
+                (-1, _) if infer.is_none() => {
+                    infer = Some(k);
+                    out.push(0);
+                }
+                _ => {
+                    let detail = format!("dimensions {dims:?} (one -1 at most, no other negative size)");
+                    return Err(refuse(py, self, "ShapeError", "reshape", detail));
+                }
+            }
+        }
+        if let Some(k) = infer {
+            if known == 0 || numel % known != 0 {
+                let detail = format!("dimensions {dims:?} cannot hold {numel} elements");
+                return Err(refuse(py, self, "ShapeError", "reshape", detail));
+            }
+            out[k] = numel / known;
+        }
+        Ok(out)
+    }
+
+    /// Axes counted from the end where negative, as PyTorch's `permute` takes them.
+    fn axes_from_end(&self, py: Python<'_>, op: &str, axes: &[i64]) -> PyResult<Vec<usize>> {
+        let rank = self.meta.shape.rank() as i64;
+        axes.iter()
+            .map(|&a| {
+                usize::try_from(if a < 0 { a + rank } else { a }).map_err(|_| {
+                    refuse(py, self, "ShapeError", op, format!("axes {axes:?} out of range for rank {rank}"))
+                })
+            })
+            .collect()
+    }
+
+    /// `broadcast_to`'s dimensions, `-1` keeping the matching dimension of this value
+    /// (aligned from the last axis), as PyTorch's `expand`.
+    fn broadcast_dims(&self, py: Python<'_>, dims: &[i64]) -> PyResult<Vec<usize>> {
+        let shape = self.meta.shape.to_vec();
+        let lead = dims.len() as i64 - shape.len() as i64;
+        dims.iter()
+            .enumerate()
+            .map(|(k, &d)| match (d, usize::try_from(d)) {
+                (_, Ok(d)) => Ok(d),
+                (-1, _) if k as i64 >= lead => Ok(shape[(k as i64 - lead) as usize]),
+                _ => Err(refuse(
+                    py,
+                    self,
+                    "ShapeError",
+                    "broadcast_to",
+                    format!("dimensions {dims:?} (-1 only where this value has an axis, no other negative size)"),
+                )),
+            })
+            .collect()
+    }
+
+    /// Non-negative integer options of `op` (sizes, strides, counts), or `ArgumentError`.
+    fn sizes<const N: usize>(&self, py: Python<'_>, op: &str, what: &str, values: [i64; N]) -> PyResult<[usize; N]> {
+        let mut out = [0; N];
+        for (o, &v) in out.iter_mut().zip(&values) {
+            *o = usize::try_from(v).map_err(|_| {
+                let shown = if N == 1 { v.to_string() } else { format!("{values:?}") };
+                refuse(py, self, "ArgumentError", op, format!("{what} {shown} must not be negative"))
+            })?;
+        }
+        Ok(out)
+    }
 }
 
 #[pymethods]
@@ -145,13 +231,8 @@ impl PyVar {
     }
     /// Variance over `axis` with `correction` (1: Bessel's, as `torch.var`'s default).
     #[pyo3(signature = (axis=None, keepdims=false, correction=1))]
-    fn var(
-        &self,
-        py: Python<'_>,
-        axis: Option<&Bound<'_, PyAny>>,
-        keepdims: bool,
-        correction: usize,
-    ) -> PyResult<PyVar> {
+    fn var(&self, py: Python<'_>, axis: Option<&Bound<'_, PyAny>>, keepdims: bool, correction: i64) -> PyResult<PyVar> {
+        let [correction] = self.sizes(py, "var", "correction", [correction])?;
         let ax = axes(axis, self.meta.shape.rank())?;
         record!(self, py, "var", |s, x, T| x.var(&ax, keepdims, correction))
     }
@@ -194,10 +275,11 @@ impl PyVar {
         )?))
     }
 
-    /// The same elements with dimensions `dims` (`reshape(2, 3)` or `reshape((2, 3))`).
+    /// The same elements with dimensions `dims` (`reshape(2, 3)` or `reshape((2, 3))`); one
+    /// of them may be `-1`, inferred from the element count.
     #[pyo3(signature = (*dims))]
     fn reshape(&self, py: Python<'_>, dims: &Bound<'_, PyTuple>) -> PyResult<PyVar> {
-        let dims = dims_of(dims)?;
+        let dims = self.reshape_dims(py, &dims_of(dims)?)?;
         record!(self, py, "reshape", |s, x, T| x.reshape(&dims))
     }
     /// Swaps axes `a0` and `a1` (default: the last two).
@@ -210,10 +292,10 @@ impl PyVar {
     fn t_(&self, py: Python<'_>) -> PyResult<PyVar> {
         record!(self, py, "t", |s, x, T| x.t())
     }
-    /// Axes reordered: `permute(1, 0, 2)`.
+    /// Axes reordered: `permute(1, 0, 2)`; negative axes count from the end.
     #[pyo3(signature = (*axes))]
     fn permute(&self, py: Python<'_>, axes: &Bound<'_, PyTuple>) -> PyResult<PyVar> {
-        let axes = dims_of(axes)?;
+        let axes = self.axes_from_end(py, "permute", &dims_of(axes)?)?;
         record!(self, py, "permute", |s, x, T| x.permute(&axes))
     }
     /// Removes axis `axis`, which must have size 1.
@@ -224,14 +306,15 @@ impl PyVar {
     fn unsqueeze(&self, py: Python<'_>, axis: isize) -> PyResult<PyVar> {
         record!(self, py, "unsqueeze", |s, x, T| x.unsqueeze(axis))
     }
-    /// Broadcast to `dims`.
+    /// Broadcast to `dims`; `-1` keeps the matching dimension (PyTorch's `expand`).
     #[pyo3(signature = (*dims))]
     fn broadcast_to(&self, py: Python<'_>, dims: &Bound<'_, PyTuple>) -> PyResult<PyVar> {
-        let dims = dims_of(dims)?;
+        let dims = self.broadcast_dims(py, &dims_of(dims)?)?;
         record!(self, py, "broadcast_to", |s, x, T| x.broadcast_to(&dims))
     }
     /// `length` elements of `axis` from `start`.
-    fn narrow(&self, py: Python<'_>, axis: isize, start: usize, length: usize) -> PyResult<PyVar> {
+    fn narrow(&self, py: Python<'_>, axis: isize, start: i64, length: i64) -> PyResult<PyVar> {
+        let [start, length] = self.sizes(py, "narrow", "start and length", [start, length])?;
         record!(self, py, "narrow", |s, x, T| x.narrow(axis, start, length))
     }
     /// The entries `indices` of `axis` (repeats allowed): an embedding lookup on axis 0.
@@ -318,25 +401,26 @@ impl PyVar {
         &self,
         py: Python<'_>,
         w: &Bound<'_, PyAny>,
-        stride: (usize, usize),
-        padding: (usize, usize),
-        dilation: (usize, usize),
-        groups: usize,
+        stride: (i64, i64),
+        padding: (i64, i64),
+        dilation: (i64, i64),
+        groups: i64,
     ) -> PyResult<PyVar> {
+        let stride = self.sizes(py, "conv2d", "stride", [stride.0, stride.1])?;
+        let padding = self.sizes(py, "conv2d", "padding", [padding.0, padding.1])?;
+        let dilation = self.sizes(py, "conv2d", "dilation", [dilation.0, dilation.1])?;
+        let [groups] = self.sizes(py, "conv2d", "groups", [groups])?;
         // With the default options `conv2d_with` records what `conv2d` records, so one
         // call serves both; its errors are renamed to the method the caller called.
-        let options = Conv2dOptions::new()
-            .stride([stride.0, stride.1])
-            .padding([padding.0, padding.1])
-            .dilation([dilation.0, dilation.1])
-            .groups(groups);
+        let options = Conv2dOptions::new().stride(stride).padding(padding).dilation(dilation).groups(groups);
         record!(self, py, "conv2d", |s, x, T| x.conv2d_with(self.operand(py, s, w, "conv2d")?, options))
             .map_err(|e| errors::renamed(py, e, "conv2d_with", "conv2d"))
     }
     /// Causal (or full) self-attention weights from packed `qkv` `[B, T, 3·D]` with
     /// `heads` heads: `softmax(q·kᵀ/√d)` per head, `[B, heads, T, T]`.
     #[pyo3(signature = (heads, causal=true))]
-    fn attention_weights(&self, py: Python<'_>, heads: usize, causal: bool) -> PyResult<PyVar> {
+    fn attention_weights(&self, py: Python<'_>, heads: i64, causal: bool) -> PyResult<PyVar> {
+        let [heads] = self.sizes(py, "attention_weights", "heads", [heads])?;
         record!(self, py, "attention_weights", |s, x, T| x.attention_weights(heads, causal))
     }
     /// The weights (this handle, `[B, H, T, T]`) applied to the value blocks of `qkv`: `[B, T, D]`.
@@ -349,36 +433,36 @@ impl PyVar {
     fn max_pool2d(
         &self,
         py: Python<'_>,
-        kernel: (usize, usize),
-        stride: Option<(usize, usize)>,
-        padding: (usize, usize),
-        dilation: (usize, usize),
+        kernel: (i64, i64),
+        stride: Option<(i64, i64)>,
+        padding: (i64, i64),
+        dilation: (i64, i64),
     ) -> PyResult<PyVar> {
+        let op = "max_pool2d";
         let st = stride.unwrap_or(kernel);
+        let (kernel, st) =
+            (self.sizes(py, op, "kernel", [kernel.0, kernel.1])?, self.sizes(py, op, "stride", [st.0, st.1])?);
+        let padding = self.sizes(py, op, "padding", [padding.0, padding.1])?;
+        let dilation = self.sizes(py, op, "dilation", [dilation.0, dilation.1])?;
         // Dilation [1, 1] runs the undilated loops (the engine compiles them apart).
-        record!(self, py, "max_pool2d", |s, x, T| x.max_pool2d_dilated(
-            [kernel.0, kernel.1],
-            [st.0, st.1],
-            [padding.0, padding.1],
-            [dilation.0, dilation.1]
-        ))
-        .map_err(|e| errors::renamed(py, e, "max_pool2d_dilated", "max_pool2d"))
+        record!(self, py, "max_pool2d", |s, x, T| x.max_pool2d_dilated(kernel, st, padding, dilation))
+            .map_err(|e| errors::renamed(py, e, "max_pool2d_dilated", "max_pool2d"))
     }
     /// 2-D average pooling.
     #[pyo3(signature = (kernel, stride=None, padding=(0, 0)))]
     fn avg_pool2d(
         &self,
         py: Python<'_>,
-        kernel: (usize, usize),
-        stride: Option<(usize, usize)>,
-        padding: (usize, usize),
+        kernel: (i64, i64),
+        stride: Option<(i64, i64)>,
+        padding: (i64, i64),
     ) -> PyResult<PyVar> {
+        let op = "avg_pool2d";
         let st = stride.unwrap_or(kernel);
-        record!(self, py, "avg_pool2d", |s, x, T| x.avg_pool2d(
-            [kernel.0, kernel.1],
-            [st.0, st.1],
-            [padding.0, padding.1]
-        ))
+        let (kernel, st) =
+            (self.sizes(py, op, "kernel", [kernel.0, kernel.1])?, self.sizes(py, op, "stride", [st.0, st.1])?);
+        let padding = self.sizes(py, op, "padding", [padding.0, padding.1])?;
+        record!(self, py, "avg_pool2d", |s, x, T| x.avg_pool2d(kernel, st, padding))
     }
 
     /// `1.0` where `x > y`, else `0.0` (a constant).

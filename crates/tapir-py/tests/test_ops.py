@@ -284,6 +284,9 @@ case("reshape_varargs", lambda s, a: a.reshape(4, 6), lambda a: a.reshape(4, 6),
 case("reshape_tuple", lambda s, a: a.reshape((3, 2, 4)), lambda a: a.reshape(3, 2, 4), L(X3), uses=["reshape"])
 case("reshape_list", lambda s, a: a.reshape([24]), lambda a: a.reshape(24), L(X3), uses=["reshape"])
 case("reshape_to_scalar", lambda s, a: a.reshape(()), lambda a: a.reshape(()), L(normal(1, 1)), uses=["reshape"])
+case("reshape_infer", lambda s, a: a.reshape(-1), lambda a: a.reshape(24), L(X3), uses=["reshape"])
+case("reshape_infer_middle", lambda s, a: a.reshape((2, -1, 3)), lambda a: a.reshape(2, 4, 3), L(X3),
+     uses=["reshape"])
 case("transpose_default", lambda s, a: a.transpose(), lambda a: np.swapaxes(a, -2, -1), L(X3), uses=["transpose"])
 case("transpose_axes", lambda s, a: a.transpose(0, 2), lambda a: np.swapaxes(a, 0, 2), L(X3), uses=["transpose"])
 case("transpose_negative", lambda s, a: a.transpose(-3, 1), lambda a: np.swapaxes(a, 0, 1), L(X3),
@@ -293,6 +296,8 @@ case("T_batched", lambda s, a: a.T, lambda a: np.swapaxes(a, -2, -1), L(X3), use
 case("permute_varargs", lambda s, a: a.permute(2, 0, 1), lambda a: np.transpose(a, (2, 0, 1)), L(X3),
      uses=["permute"])
 case("permute_tuple", lambda s, a: a.permute((1, 2, 0)), lambda a: np.transpose(a, (1, 2, 0)), L(X3),
+     uses=["permute"])
+case("permute_negative", lambda s, a: a.permute(-1, 0, -2), lambda a: np.transpose(a, (2, 0, 1)), L(X3),
      uses=["permute"])
 case("squeeze", lambda s, a: a.squeeze(1), lambda a: np.squeeze(a, 1), L(normal(3, 1, 4)), uses=["squeeze"])
 case("squeeze_negative", lambda s, a: a.squeeze(-1), lambda a: np.squeeze(a, -1), L(normal(3, 4, 1)),
@@ -306,6 +311,8 @@ case("broadcast_to_varargs", lambda s, a: a.broadcast_to(2, 3, 4), lambda a: np.
      L(normal(3, 1)), uses=["broadcast_to"])
 case("broadcast_to_tuple", lambda s, a: a.broadcast_to((5, 4)), lambda a: np.broadcast_to(a, (5, 4)),
      L(normal(4)), uses=["broadcast_to"])
+case("broadcast_to_keep", lambda s, a: a.broadcast_to(2, -1, 4), lambda a: np.broadcast_to(a, (2, 3, 4)),
+     L(normal(3, 1)), uses=["broadcast_to"])
 case("broadcast_to_scalar", lambda s, a: a.broadcast_to(2, 3), lambda a: np.broadcast_to(a, (2, 3)),
      L(np.array(1.5)), uses=["broadcast_to"])
 case("narrow", lambda s, a: a.narrow(2, 1, 2), lambda a: a[:, :, 1:3], L(X3), uses=["narrow"])
@@ -555,6 +562,39 @@ def test_properties_and_repr():
         assert "tanh" in r and "[2, 3]" in r and "float32" in r
     assert list(y.shape) == [2, 3]  # the shape survives the scope, the value does not
     assert "tapir.Graph" in repr(g) and "float32" in repr(g)
+
+
+@pytest.mark.parametrize("call, cls, words", [
+    (lambda x: x.reshape(-1, -1), tapir.ShapeError, ["reshape", "[-1, -1]"]),
+    (lambda x: x.reshape(5, -1), tapir.ShapeError, ["reshape", "[5, -1]", "24 elements"]),
+    (lambda x: x.reshape(0, -1), tapir.ShapeError, ["reshape", "[0, -1]"]),
+    (lambda x: x.reshape(-2, 12), tapir.ShapeError, ["reshape", "[-2, 12]"]),
+    (lambda x: x.permute(0, 1, -4), tapir.ShapeError, ["permute", "[0, 1, -4]", "rank 3"]),
+    (lambda x: x.broadcast_to(-1, 2, 3, 4), tapir.ShapeError, ["broadcast_to", "[-1, 2, 3, 4]"]),
+    (lambda x: x.narrow(0, -1, 1), tapir.ArgumentError, ["narrow", "[-1, 1]"]),
+    (lambda x: x.var(correction=-1), tapir.ArgumentError, ["var", "correction -1"]),
+    (lambda x: x.reshape(1, 2, 3, 4).conv2d(np.ones((1, 2, 1, 1)), stride=(-1, 1)), tapir.ArgumentError,
+     ["conv2d", "stride [-1, 1]"]),
+    (lambda x: x.reshape(1, 2, 3, 4).conv2d(np.ones((1, 2, 1, 1)), groups=-2), tapir.ArgumentError,
+     ["conv2d", "groups -2"]),
+    (lambda x: x.reshape(1, 2, 3, 4).max_pool2d((2, 2), dilation=(1, -1)), tapir.ArgumentError,
+     ["max_pool2d", "dilation [1, -1]"]),
+    (lambda x: x.reshape(1, 2, 3, 4).avg_pool2d((-2, 2)), tapir.ArgumentError, ["avg_pool2d", "kernel [-2, 2]"]),
+    (lambda x: x.reshape(1, 3, 8).attention_weights(-1), tapir.ArgumentError, ["attention_weights", "heads -1"]),
+])
+def test_negative_sizes_raise_typed_errors_naming_op_shape_and_line(call, cls, words):
+    """A negative size, stride or count is a typed tapir error (not PyO3's OverflowError),
+    naming the op, the value, the handle's shape and the caller's line."""
+    g = tapir.Graph("float64")
+    with g.scope() as s:
+        x = s.leaf(X3)
+        with pytest.raises(cls) as e:
+            call(x)
+        msg = str(e.value)
+        for w in words:
+            assert w in msg, f"{w!r} not in {msg!r}"
+        assert "test_ops.py:" in msg, msg
+        assert "shape [" in msg, msg
 
 
 def test_reference_conv2d_and_max_pool2d_agree_with_pytorch():

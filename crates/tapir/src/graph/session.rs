@@ -227,6 +227,9 @@ impl<T: Float> Session<T> {
     /// # Ok(()) }
     /// ```
     #[track_caller]
+    // The `Err` side hands the caller's buffer back by value, as `Ok` would have lent it:
+    // its size is the buffer's (a few `Vec`s) and an engine error, on a cold path.
+    #[allow(clippy::result_large_err)]
     pub fn backward_into(&self, loss: usize, grads: GradBuffer<T>) -> std::result::Result<Result<()>, NotLent<T>> {
         let Some(scope) = self.scope.as_ref().as_ref() else {
             return Err(NotLent { grads, error: None });

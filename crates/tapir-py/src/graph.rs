@@ -120,6 +120,24 @@ impl PyGraph {
     }
 }
 
+/// After `e`'s scope closed: the lent gradient buffer's contents back into its Python
+/// object. (A buffer borrowed by a running method, which cannot happen here, would keep its
+/// `Lent` state and raise `ScopeError` when used.)
+fn give_back(py: Python<'_>, e: &mut Entry) {
+    let Some(buffer) = e.lent_grads.get_mut().take() else {
+        return;
+    };
+    let grads = match &mut e.sess {
+        registry::Sess::F32(s) => s.take_grads().map(Grads::F32),
+        registry::Sess::F64(s) => s.take_grads().map(Grads::F64),
+    };
+    if let (Some(grads), Ok(b)) = (grads, buffer.bind(py).cast::<PyGradBuffer>()) {
+        if let Ok(mut b) = b.try_borrow_mut() {
+            b.grads = grads;
+        }
+    }
+}
+
 impl Drop for PyGraph {
     fn drop(&mut self) {
         if self.thread == registry::thread() {
@@ -130,7 +148,7 @@ impl Drop for PyGraph {
                     registry::Sess::F32(s) => s.close(),
                     registry::Sess::F64(s) => s.close(),
                 };
-                Python::attach(|py| e.give_back(py));
+                Python::attach(|py| give_back(py, e));
             });
             registry::remove(self.slot, self.serial);
         }
@@ -259,7 +277,7 @@ impl PyScope {
                     registry::Sess::F32(s) => s.close(),
                     registry::Sess::F64(s) => s.close(),
                 };
-                e.give_back(py);
+                give_back(py, e);
                 e.ended_at = at;
                 e.ended = number;
                 for b in e.borrows.get_mut().drain(..) {
@@ -399,7 +417,7 @@ impl PyScope {
             };
             match result {
                 Ok(pass) => {
-                    *lent = Some(grads.clone().unbind());
+                    *lent = Some(grads.clone().into_any().unbind());
                     pass.map_err(|err| errors::engine(py, &err))
                 }
                 Err((back, error)) => {

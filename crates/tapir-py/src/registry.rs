@@ -16,8 +16,6 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use tapir::{Graph, Session, Shape};
 
-use crate::params::{Grads, PyGradBuffer};
-
 /// A graph of either element type: one dtype per graph.
 pub(crate) enum Sess {
     F32(Session<f32>),
@@ -52,9 +50,9 @@ pub(crate) struct Entry {
     pub ended: u64,
     /// The flags of the parameter stores the open scope borrows, cleared when it ends.
     pub borrows: RefCell<Vec<Arc<AtomicBool>>>,
-    /// The gradient buffer whose contents the session holds for the open scope
-    /// (`s.backward_into`), to be given back when it ends.
-    pub lent_grads: RefCell<Option<Py<PyGradBuffer>>>,
+    /// The `tapir.GradBuffer` whose contents the session holds for the open scope
+    /// (`s.backward_into`), to be given back when it ends (`graph::give_back`).
+    pub lent_grads: RefCell<Option<Py<PyAny>>>,
 }
 
 impl Entry {
@@ -69,22 +67,6 @@ impl Entry {
         match &self.sess {
             Sess::F32(s) => s.is_open(),
             Sess::F64(s) => s.is_open(),
-        }
-    }
-
-    /// After the scope closed: the lent gradient buffer's contents back into its Python
-    /// object. (A buffer borrowed by a running method, which cannot happen here, would keep
-    /// its `Lent` state and raise `ScopeError` when used.)
-    pub(crate) fn give_back(&mut self, py: Python<'_>) {
-        let Some(buffer) = self.lent_grads.get_mut().take() else {
-            return;
-        };
-        let grads = match &mut self.sess {
-            Sess::F32(s) => s.take_grads().map(Grads::F32),
-            Sess::F64(s) => s.take_grads().map(Grads::F64),
-        };
-        if let (Some(grads), Ok(mut b)) = (grads, buffer.bind(py).try_borrow_mut()) {
-            b.grads = grads;
         }
     }
 

@@ -6,10 +6,11 @@
 //! the borrow checker proves that no slice handed out by `alloc_*` survives it.
 //!
 //! Handing out slices below [`FILL_DOWN`] bytes needs no `unsafe`: bumpalo gives
-//! `&'a mut [T]` through `&'a Bump`. Three of the engine's `unsafe` sites are here:
-//! [`fill_down`] fills larger slices from their last cache line down, [`fill_from`]
-//! writes an iterator's values straight into a larger slice, and [`heap`] asks glibc to
-//! give the pages of chunks the arena has freed back to the system.
+//! `&'a mut [T]` through `&'a Bump`. Four of the engine's `unsafe` sites are here:
+//! [`fill_down`] fills larger slices from their last cache line down, [`zero_split`]
+//! zeroes large ones over several threads, [`fill_from`] writes an iterator's values
+//! straight into a larger slice, and [`heap`] asks glibc to give the pages of chunks the
+//! arena has freed back to the system.
 //!
 //! Warm-up: bumpalo keeps only its largest chunk on reset. If an iteration needed several
 //! chunks, [`Arena::reset`] replaces them with one chunk of their total size, so from the
@@ -28,6 +29,11 @@ const SMALL_FILL: usize = 16;
 /// From this many bytes on, [`Arena::alloc_fill`] fills a slice from its last cache line
 /// down (see [`fill_down`]).
 const FILL_DOWN: usize = 1024;
+
+/// From this many bytes on, a zero fill runs over the threads set by
+/// [`Arena::set_fill_threads`] (see [`zero_split`]): 32,768 `f32`, the elementwise ops'
+/// own threshold for going parallel.
+const FILL_SPLIT: usize = 1 << 17;
 
 /// The release policy: after this many consecutive scopes that each used under a quarter
 /// of the arena's capacity, the arena shrinks to what the largest of them used...
@@ -75,6 +81,8 @@ pub(crate) struct Arena {
     /// them used.
     small_streak: u32,
     streak_max: usize,
+    /// Threads for zero fills of [`FILL_SPLIT`] bytes or more: the open scope's.
+    fill_threads: Cell<usize>,
 }
 
 impl Arena {
@@ -89,7 +97,15 @@ impl Arena {
             releases: 0,
             small_streak: 0,
             streak_max: 0,
+            fill_threads: Cell::new(1),
         }
+    }
+
+    /// Threads for large zero fills from now on (a scope sets its graph's): a gradient
+    /// buffer zeroed by one thread before a parallel rule adds into it made the zeroing a
+    /// serial part of every step.
+    pub(crate) fn set_fill_threads(&self, threads: usize) {
+        self.fill_threads.set(threads.max(1));
     }
 
     pub(crate) fn set_limit(&mut self, limit: Option<usize>) {
@@ -148,7 +164,13 @@ impl Arena {
     fn alloc_fill_down<T: Pod>(&self, len: usize, value: T, requested: usize) -> Result<&mut [T], AllocFail> {
         // Copying `uninit` stores nothing: this only reserves the slice.
         let raw = self.bump.try_alloc_slice_fill_copy(len, MaybeUninit::uninit());
-        let out = fill_down(raw.map_err(|_| AllocFail::Oom { requested })?, value);
+        let raw = raw.map_err(|_| AllocFail::Oom { requested })?;
+        let threads = self.fill_threads.get();
+        let out = if threads > 1 && requested >= FILL_SPLIT && bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+            zero_split(raw, threads)
+        } else {
+            fill_down(raw, value)
+        };
         self.commit(requested);
         Ok(out)
     }
@@ -322,6 +344,27 @@ fn fill_down<T: Pod>(out: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut(ptr, len) }
 }
 
+/// [`zero_split`]'s pieces: 32 KiB, a few per thread on the W2 activations' gradients.
+const SPLIT_PIECE: usize = 1 << 15;
+
+/// `out` zeroed by pieces of [`SPLIT_PIECE`] bytes spread over `threads` tasks, then viewed
+/// as initialised. Zeros only: all-zero bytes are a valid `T` for every `Pod` type.
+#[allow(unsafe_code)]
+fn zero_split<T: Pod>(out: &mut [MaybeUninit<T>], threads: usize) -> &mut [T] {
+    let (ptr, len, bytes) = (out.as_mut_ptr(), out.len(), std::mem::size_of_val(out));
+    // SAFETY: the same memory as `out`, viewed as bytes, which `MaybeUninit<u8>` may hold
+    // in any state; it reborrows `out` mutably, so nothing else reaches it.
+    let raw = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<MaybeUninit<u8>>(), bytes) };
+    crate::kernels::par::for_chunks(threads, raw, SPLIT_PIECE, &|_, piece: &mut [MaybeUninit<u8>]| {
+        piece.fill(MaybeUninit::new(0));
+    });
+    // SAFETY: `for_chunks` calls the closure once on each piece of a partition of `raw`
+    // (the `chunks_mut` of the halves of `split_at_mut`, down to one task each), which
+    // writes every byte of it, so every byte of `out` is 0, a valid `T` (`Pod` implies
+    // `Zeroable`); `MaybeUninit<T>` has `T`'s layout; `raw` is not used again.
+    unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), len) }
+}
+
 /// Room for `used` bytes, plus alignment padding and slack.
 fn slack(used: usize) -> usize {
     used.saturating_add(used / 16).saturating_add(64 * 1024)
@@ -417,6 +460,29 @@ mod tests {
         a.reset();
         let it = a.alloc_iter((0..3000).map(|i| i as f32)).unwrap();
         assert!(it.iter().enumerate().all(|(i, &v)| v == i as f32));
+    }
+
+    #[test]
+    fn split_zero_fills_write_every_element_at_any_thread_count() {
+        use crate::kernels::par::{CHUNK, MIN_PARALLEL};
+        // Zeros over the threads; any other value from the top down, on one.
+        let mut a = Arena::new();
+        for threads in [1, 2, 3, 16] {
+            for len in [MIN_PARALLEL - 1, MIN_PARALLEL, MIN_PARALLEL + 1, 5 * CHUNK + 7, 200_003] {
+                // Dirty memory first, so that a skipped element shows.
+                a.reset();
+                a.alloc_fill::<f64>(len + 64, f64::NAN).unwrap();
+                a.reset();
+                a.set_fill_threads(threads);
+                let z = a.alloc_zeroed::<f64>(len).unwrap();
+                assert_eq!(z.len(), len);
+                assert!(z.iter().all(|&v| v.to_bits() == 0), "{threads} threads, {len} elements");
+                let used = a.stats().bytes_in_use;
+                assert!(used >= len * 8, "charged to the arena: {used} bytes for {len} elements");
+                let f = a.alloc_fill::<f32>(len, -2.5).unwrap();
+                assert!(f.iter().all(|&v| v == -2.5), "{threads} threads, {len} elements of -2.5");
+            }
+        }
     }
 
     /// An iterator that says it has more elements than it yields.

@@ -18,7 +18,7 @@ use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::dtype::Float;
 use crate::error::{Error, Loc};
-use crate::shape::Shape;
+use crate::shape::{Shape, MAX_RANK};
 
 /// `dst (m×n) ← op(a)·op(b) (+ dst if accumulate)`, all row-major.
 #[allow(clippy::too_many_arguments)]
@@ -280,24 +280,125 @@ impl MatMulDims {
     }
 }
 
+/// Output item `o`'s operand items `(ia, ib)` in a batch where `a` or `b` may be broadcast.
+struct Items {
+    dims: [usize; MAX_RANK],
+    sa: [usize; MAX_RANK],
+    sb: [usize; MAX_RANK],
+    rank: usize,
+}
+
+impl Items {
+    fn new(d: &MatMulDims) -> Items {
+        let mut dims = [1; MAX_RANK];
+        for (o, &v) in dims.iter_mut().zip(d.batch.dims()) {
+            *o = v as usize;
+        }
+        let (sa, sb) = (d.a_batch.broadcast_strides(&d.batch), d.b_batch.broadcast_strides(&d.batch));
+        Items { dims, sa, sb, rank: d.batch.rank() }
+    }
+
+    #[inline]
+    fn of(&self, mut o: usize) -> (usize, usize) {
+        let (mut ia, mut ib) = (0, 0);
+        for axis in (0..self.rank).rev() {
+            let i = o % self.dims[axis];
+            o /= self.dims[axis];
+            ia += i * self.sa[axis];
+            ib += i * self.sb[axis];
+        }
+        (ia, ib)
+    }
+}
+
 /// Spreads a batch of products over the threads, one whole sequential product per item:
-/// runs `f(i, block)` for every item `i`, `block` being item `i`'s `len` elements of
-/// `dst`, and returns `true`; or returns `false` without running anything, and the caller
-/// runs the items in order, each product split as [`gemm`] decides. A batch is spread
-/// when no operand is broadcast over it (every item writes its own block) and it has at
-/// least as many items as threads: attention's `[B, H, T, D]` products are 128 small
-/// GEMMs, and splitting each of them in two cost a fork-join per GEMM. The bits are the
-/// same either way (see the module doc).
-fn spread<T: Float>(d: &MatMulDims, par: Par, dst: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) -> bool {
+/// runs `f(o, ia, ib, block)` for every output item `o` (operand items `ia`, `ib`),
+/// `block` being item `o`'s `len` elements of `dst`, and returns `true`; or returns
+/// `false` without running anything, and the caller runs the items in order, each product
+/// split as [`gemm`] decides. A batch is spread when `dst` has a block of its own per
+/// output item (its batch shape `own` is the output's; the operands it reads may be
+/// broadcast, as a convolution's weights are over its images) and the batch has at least
+/// as many items as threads: attention's `[B, H, T, D]` products are 128 small GEMMs, and
+/// splitting each of them in two cost a fork-join per GEMM. The bits are the same either
+/// way (see the module doc).
+fn spread<T: Float>(
+    d: &MatMulDims,
+    own: &Shape,
+    par: Par,
+    dst: &mut [T],
+    len: usize,
+    f: impl Fn(usize, usize, usize, &mut [T]) + Sync,
+) -> bool {
     let threads = super::par::threads(par);
-    let flat = d.a_batch == d.batch && d.b_batch == d.batch;
     let work = d.m > 0 && d.k > 0 && d.n > 0;
     let items = d.batch.numel();
-    if !(threads > 1 && flat && work && items >= threads) {
+    if !(threads > 1 && *own == d.batch && work && items >= threads) {
         return false;
     }
-    super::par::for_chunks(threads, &mut dst[..items * len], len, &|s, block: &mut [T]| f(s / len, block));
+    let at = Items::new(d);
+    super::par::for_chunks(threads, &mut dst[..items * len], len, &|s, block: &mut [T]| {
+        let (ia, ib) = at.of(s / len);
+        f(s / len, ia, ib, block)
+    });
     true
+}
+
+/// At most this many groups of output items sum into a gradient shared by the whole batch
+/// ([`sum_groups`]).
+const SUM_GROUPS: usize = 16;
+
+/// Into how many groups the products that sum into the gradient of an operand with batch
+/// shape `own` are split, each group's sum computed on its own (in parallel) and the
+/// group sums then added in group order: more than 1 only when the operand is one matrix
+/// broadcast over a batch of products (a convolution's weights, summed over its images)
+/// with at least [`MIN_TILE_MNK`] multiply-adds per group. A function of the shapes alone,
+/// so the sums are the same bits at any thread count; the groups' sums live in
+/// `groups × m×k` (or `× k×n`) elements of scratch that the caller provides.
+pub(crate) fn sum_groups(d: &MatMulDims, own: &Shape) -> usize {
+    let items = d.batch.numel();
+    if own.numel() != 1 || items < 2 || d.m == 0 || d.k == 0 || d.n == 0 {
+        return 1;
+    }
+    let work = items.saturating_mul(d.m).saturating_mul(d.k).saturating_mul(d.n);
+    let groups = SUM_GROUPS.min(items).min(work / MIN_TILE_MNK).max(1);
+    // Equal runs of items, none empty.
+    items.div_ceil(items.div_ceil(groups))
+}
+
+/// `dst (=|+=) Σ_o item(o)` over the output items in `groups` runs of consecutive items:
+/// run `r`'s sum goes into `scratch`'s `r`-th block of `len` (`item(o, ib, block, add)`
+/// writes or adds item `o`'s product, `ib` being its other operand's item), runs spread
+/// over the threads; then every element of `dst` gets its runs' sums added in run order.
+fn grouped<T: Float>(
+    d: &MatMulDims,
+    groups: usize,
+    par: Par,
+    (dst, first): (&mut [T], bool),
+    scratch: &mut [T],
+    other: fn(&Items, usize) -> usize,
+    item: impl Fn(usize, usize, &mut [T], bool) + Sync,
+) {
+    let (items, len) = (d.batch.numel(), dst.len());
+    let per = items.div_ceil(groups);
+    let at = Items::new(d);
+    let threads = super::par::threads(par);
+    super::par::for_chunks(threads, &mut scratch[..groups * len], len, &|s, sum: &mut [T]| {
+        let run = s / len;
+        for (j, o) in (run * per..items.min((run + 1) * per)).enumerate() {
+            item(o, other(&at, o), sum, j > 0);
+        }
+    });
+    let sums = &scratch[..groups * len];
+    let chunk = if len < super::par::MIN_PARALLEL { len } else { super::par::CHUNK };
+    super::par::for_chunks(threads, dst, chunk, &|s, out: &mut [T]| {
+        for (i, o) in out.iter_mut().enumerate() {
+            let mut acc = sums[s + i];
+            for r in 1..groups {
+                acc += sums[r * len + s + i];
+            }
+            *o = if first { acc } else { *o + acc };
+        }
+    });
 }
 
 /// Batched forward: `out[i] = op(a[ia]) · op(b[ib])`.
@@ -307,7 +408,7 @@ pub(crate) fn forward<T: Float>(d: &MatMulDims, a: &[T], b: &[T], out: &mut [T],
         let (a, b) = (&a[ia * m * k..(ia + 1) * m * k], &b[ib * k * n..(ib + 1) * k * n]);
         T::gemm(o, a, ta, b, tb, (m, k, n), false, par);
     };
-    if !spread(d, par, out, m * n, |i, o| item(i, i, o, Par::Seq)) {
+    if !spread(d, &d.batch, par, out, m * n, |_, ia, ib, o| item(ia, ib, o, Par::Seq)) {
         d.for_each(|o, ia, ib| item(ia, ib, &mut out[o * m * n..(o + 1) * m * n], par));
     }
 }
@@ -328,11 +429,20 @@ fn adds_into<T: Float>(d: &MatMulDims, own: &Shape, first: bool, g: &mut [T], pa
 
 /// `da[ia] += dout[i] · op(b[ib])ᵀ` over the batch (transposed back if `a` is used
 /// transposed: `da[ia] += op(b[ib]) · dout[i]ᵀ`); with `first`, `da`'s elements are
-/// unspecified and are overwritten (`=` instead of `+=`).
-pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut [T], first: bool, par: Par) {
+/// unspecified and are overwritten (`=` instead of `+=`). `scratch` holds
+/// [`sum_groups`]`(d, &d.a_batch) × m×k` elements or more when that is above 1 (its
+/// contents are overwritten); with less, the products sum in one run.
+pub(crate) fn backward_a<T: Float>(
+    d: &MatMulDims,
+    dout: &[T],
+    b: &[T],
+    da: &mut [T],
+    first: bool,
+    par: Par,
+    scratch: &mut [T],
+) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
-    let add = adds_into(d, &d.a_batch, first, da, par);
-    let item = |o: usize, ib: usize, g: &mut [T], par| {
+    let item = |o: usize, ib: usize, g: &mut [T], add: bool, par| {
         let (dout, b) = (&dout[o * m * n..(o + 1) * m * n], &b[ib * k * n..(ib + 1) * k * n]);
         if ta {
             T::gemm(g, b, tb, dout, true, (k, n, m), add, par);
@@ -340,17 +450,39 @@ pub(crate) fn backward_a<T: Float>(d: &MatMulDims, dout: &[T], b: &[T], da: &mut
             T::gemm(g, dout, false, b, !tb, (m, n, k), add, par);
         }
     };
-    if !spread(d, par, da, m * k, |i, g| item(i, i, g, Par::Seq)) {
-        d.for_each(|o, ia, ib| item(o, ib, &mut da[ia * m * k..(ia + 1) * m * k], par));
+    let groups = sum_groups(d, &d.a_batch);
+    if groups > 1 && scratch.len() >= groups * m * k {
+        grouped(
+            d,
+            groups,
+            par,
+            (da, first),
+            scratch,
+            |at, o| at.of(o).1,
+            |o, ib, g, add| item(o, ib, g, add, Par::Seq),
+        );
+        return;
+    }
+    let add = adds_into(d, &d.a_batch, first, da, par);
+    if !spread(d, &d.a_batch, par, da, m * k, |o, _, ib, g| item(o, ib, g, add, Par::Seq)) {
+        d.for_each(|o, ia, ib| item(o, ib, &mut da[ia * m * k..(ia + 1) * m * k], add, par));
     }
 }
 
 /// `db[ib] += op(a[ia])ᵀ · dout[i]` over the batch (transposed back if `b` is used
-/// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`); with `first`, as for [`backward_a`].
-pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut [T], first: bool, par: Par) {
+/// transposed: `db[ib] += dout[i]ᵀ · op(a[ia])`); with `first` and `scratch`, as for
+/// [`backward_a`] (`k×n` per group).
+pub(crate) fn backward_b<T: Float>(
+    d: &MatMulDims,
+    dout: &[T],
+    a: &[T],
+    db: &mut [T],
+    first: bool,
+    par: Par,
+    scratch: &mut [T],
+) {
     let (m, k, n, ta, tb) = (d.m, d.k, d.n, d.ta, d.tb);
-    let add = adds_into(d, &d.b_batch, first, db, par);
-    let item = |o: usize, ia: usize, g: &mut [T], par| {
+    let item = |o: usize, ia: usize, g: &mut [T], add: bool, par| {
         let (a, dout) = (&a[ia * m * k..(ia + 1) * m * k], &dout[o * m * n..(o + 1) * m * n]);
         if tb {
             T::gemm(g, dout, true, a, ta, (n, m, k), add, par);
@@ -358,7 +490,21 @@ pub(crate) fn backward_b<T: Float>(d: &MatMulDims, dout: &[T], a: &[T], db: &mut
             T::gemm(g, a, !ta, dout, false, (k, m, n), add, par);
         }
     };
-    if !spread(d, par, db, k * n, |i, g| item(i, i, g, Par::Seq)) {
-        d.for_each(|o, ia, ib| item(o, ia, &mut db[ib * k * n..(ib + 1) * k * n], par));
+    let groups = sum_groups(d, &d.b_batch);
+    if groups > 1 && scratch.len() >= groups * k * n {
+        grouped(
+            d,
+            groups,
+            par,
+            (db, first),
+            scratch,
+            |at, o| at.of(o).0,
+            |o, ia, g, add| item(o, ia, g, add, Par::Seq),
+        );
+        return;
+    }
+    let add = adds_into(d, &d.b_batch, first, db, par);
+    if !spread(d, &d.b_batch, par, db, k * n, |o, ia, _, g| item(o, ia, g, add, Par::Seq)) {
+        d.for_each(|o, ia, ib| item(o, ia, &mut db[ib * k * n..(ib + 1) * k * n], add, par));
     }
 }

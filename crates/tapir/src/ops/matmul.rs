@@ -143,13 +143,31 @@ pub(crate) fn backward<'s, T: Float>(
         .expect("shapes were checked when matmul was recorded")
         .0;
     let (va, vb, par, profile) = (ctx.value(a), ctx.value(b), ctx.par, ctx.tape.profile);
-    if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
-        product(profile, || kmatmul::backward_a(&dims, dout, vb, da, first, par));
+    // A matrix broadcast over the batch (a convolution's weights) sums its gradient in
+    // groups of products, each group's sum in scratch of its own (`sum_groups`).
+    let (m, k, n) = (dims.m, dims.k, dims.n);
+    if ctx.requires_grad(a) {
+        let scratch = sum_scratch(ctx, kmatmul::sum_groups(&dims, &dims.a_batch), m * k)?;
+        if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
+            product(profile, || kmatmul::backward_a(&dims, dout, vb, da, first, par, scratch));
+        }
     }
-    if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
-        product(profile, || kmatmul::backward_b(&dims, dout, va, db, first, par));
+    if ctx.requires_grad(b) {
+        let scratch = sum_scratch(ctx, kmatmul::sum_groups(&dims, &dims.b_batch), k * n)?;
+        if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
+            product(profile, || kmatmul::backward_b(&dims, dout, va, db, first, par, scratch));
+        }
     }
     Ok(())
+}
+
+/// Scratch for `groups` group sums of `len` elements each (none for one group), from the
+/// scope's arena.
+fn sum_scratch<'s, T: Float>(ctx: &BackwardCtx<'_, 's, T>, groups: usize, len: usize) -> Result<&'s mut [T]> {
+    if groups <= 1 {
+        return Ok(&mut []);
+    }
+    ctx.scratch(groups * len)
 }
 
 #[inline(never)]
@@ -350,5 +368,67 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// A matrix broadcast over a batch large enough that its gradient sums in groups of
+    /// products (`kernels::matmul::sum_groups`; 64 items of 16×24×32 make 11 groups, the
+    /// last one shorter): both operands' gradients, transposed or not, written first and
+    /// then accumulated (the product is used twice), at 1 and 3 threads, against the sums
+    /// written out in f64.
+    #[test]
+    fn broadcast_gradients_summed_in_groups_match_the_closed_form() {
+        let (batch, m, k, n) = (64, 16, 24, 32);
+        let c = tensor(&[batch, m, n], 9);
+        for (shared_a, ta, tb) in [(true, false, false), (true, true, true), (false, false, false), (false, true, true)]
+        {
+            let (sa, sb) = {
+                let a = if ta { vec![k, m] } else { vec![m, k] };
+                let b = if tb { vec![n, k] } else { vec![k, n] };
+                if shared_a {
+                    (a, [vec![batch], b].concat())
+                } else {
+                    ([vec![batch], a].concat(), b)
+                }
+            };
+            let (a, b) = (tensor(&sa, 1), tensor(&sb, 2));
+            let (va, vb, vc) = (a.data(), b.data(), c.data());
+            // op(a)[i] (r, j) and op(b)[i] (j, q) read from the stored operands.
+            let (ia, ib) = (if shared_a { 0 } else { m * k }, if shared_a { k * n } else { 0 });
+            let at = |i: usize, r: usize, j: usize| if ta { va[i * ia + j * m + r] } else { va[i * ia + r * k + j] };
+            let bt = |i: usize, j: usize, q: usize| if tb { vb[i * ib + q * k + j] } else { vb[i * ib + j * n + q] };
+            // ∂L/∂op(a)[i] = 1.5 c[i]·op(b)[i]ᵀ, ∂L/∂op(b)[i] = 1.5 op(a)[i]ᵀ·c[i], summed
+            // over the batch for the shared operand, stored transposed where it is used so.
+            let (mut da, mut db) = (vec![0.0; va.len()], vec![0.0; vb.len()]);
+            for i in 0..batch {
+                for r in 0..m {
+                    for q in 0..n {
+                        let g = 1.5 * vc[(i * m + r) * n + q];
+                        for j in 0..k {
+                            let sa_at = i * ia + if ta { j * m + r } else { r * k + j };
+                            let sb_at = i * ib + if tb { q * k + j } else { j * n + q };
+                            da[sa_at] += g * bt(i, j, q);
+                            db[sb_at] += g * at(i, r, j);
+                        }
+                    }
+                }
+            }
+            for threads in [1, 3] {
+                let mut g = Graph::<f64>::new();
+                g.set_threads(threads);
+                g.scope(|s| {
+                    let (x, y, w) = (s.leaf(&a), s.leaf(&b), s.input(&c));
+                    let l = (x.matmul_t(y, ta, tb) * w).sum() + (x.matmul_t(y, ta, tb) * w).sum() * 0.5;
+                    s.backward(l).unwrap();
+                    for (name, got, want) in [("a", x.grad().unwrap(), &da), ("b", y.grad().unwrap(), &db)] {
+                        for (u, v) in got.iter().zip(want) {
+                            assert!(
+                                (u - v).abs() <= 1e-11 * (1.0 + v.abs()),
+                                "{name} ({shared_a} {ta} {tb}, {threads} threads): {u} vs {v}"
+                            );
+                        }
+                    }
+                });
+            }
+        }
     }
 }

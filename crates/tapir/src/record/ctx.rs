@@ -318,6 +318,11 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
         self.tape.node(id).requires_grad
     }
 
+    /// `n` zeroed elements of the arena for a rule's own use until the scope ends.
+    pub fn scratch(&self, n: usize) -> Result<&'s mut [T]> {
+        zeroed(self.arena, n, self.location)
+    }
+
     /// Row `table` of the custom-op side table.
     pub fn custom_entry(&self, table: u32) -> CustomEntry<'s, T> {
         self.tape.custom[table as usize]

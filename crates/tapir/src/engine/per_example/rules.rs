@@ -120,9 +120,9 @@ pub(crate) fn contribute<'s, T: Float>(
             let ((va, sa), (vb, sb)) = (part(a), part(rhs));
             let dims = MatMulDims::new_t(&sa, &sb, ta, tb).expect("a slice of a recorded product").0;
             if b.p == a {
-                kmatmul::backward_a(&dims, dout, vb, dst, false, par);
+                kmatmul::backward_a(&dims, dout, vb, dst, false, par, &mut []);
             } else {
-                kmatmul::backward_b(&dims, dout, va, dst, false, par);
+                kmatmul::backward_b(&dims, dout, va, dst, false, par, &mut []);
             }
         }
         Op::Binary { f, a, b: rhs } => {

@@ -493,3 +493,49 @@ fn channel_broadcasts_match_closed_forms_at_any_thread_count() {
     }
     assert_eq!(runs[0], runs[1], "1 and 3 threads differ");
 }
+
+/// 2×2 max pooling with stride 2 (the pooling loops' two-rows-at-a-time path) on odd
+/// sizes, with ties, signed zeros, infinities and NaNs, at 1 and 3 threads (a batch large
+/// enough to split): the maximum is the first tap in row-major order that no later tap
+/// beats (a NaN wins and stays) and takes the whole gradient, as a reference loop here
+/// computes it.
+#[test]
+fn two_by_two_pooling_matches_a_reference_loop() {
+    let (n, c, h, w) = (64, 3, 7, 9);
+    let pick = [f64::NEG_INFINITY, -1.0, -0.0, 0.0, 1.0, 1.0, 2.0, f64::NAN, f64::INFINITY];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let data: Vec<f64> = (0..n * c * h * w).map(|_| pick[rng.random_range(0..pick.len())]).collect();
+    let x = Tensor::from_vec(data.clone(), &[n, c, h, w]).unwrap();
+    let (oh, ow) = (h / 2, w / 2);
+    let dout: Vec<f64> = (0..n * c * oh * ow).map(|i| 1.0 + (i % 5) as f64).collect();
+    let (mut want, mut want_grad) = (vec![0.0; n * c * oh * ow], vec![0.0; data.len()]);
+    for p in 0..n * c {
+        for (oi, oj) in (0..oh).flat_map(|i| (0..ow).map(move |j| (i, j))) {
+            let taps = [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(a, b)| p * h * w + (2 * oi + a) * w + 2 * oj + b);
+            let mut best = taps[0];
+            for &t in &taps[1..] {
+                if !data[best].is_nan() && (data[t] > data[best] || data[t].is_nan()) {
+                    best = t;
+                }
+            }
+            let o = (p * oh + oi) * ow + oj;
+            want[o] = data[best];
+            want_grad[best] += dout[o];
+        }
+    }
+    let dout = Tensor::from_vec(dout, &[n, c, oh, ow]).unwrap();
+    for threads in [1, 3] {
+        let mut g = Graph::<f64>::new();
+        g.set_threads(threads);
+        g.scope(|s| {
+            let xv = s.leaf(&x);
+            let y = xv.max_pool2d([2, 2], [2, 2], [0, 0]);
+            let got = y.value().unwrap();
+            let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            assert!(got.iter().zip(&want).all(|(&a, &b)| same(a, b)), "{threads} threads: values differ");
+            // Σ dout ⊙ y, with the NaN outputs' factors taken as they are.
+            s.backward((y * s.input(&dout)).sum()).unwrap();
+            assert_eq!(xv.grad().unwrap(), &want_grad[..], "{threads} threads: gradients differ");
+        });
+    }
+}

@@ -144,11 +144,32 @@ impl Window {
         self.ph == 0 && self.pw == 0 && !self.dilated()
     }
 
+    /// Whether the window is 2×2 with stride 2 and [`plain`](Window::plain): pooling's
+    /// commonest shape, which the max-pooling loops take two input rows at a time.
+    #[inline]
+    fn pairs(&self) -> bool {
+        self.plain() && [self.kh, self.kw, self.sh, self.sw] == [2, 2, 2, 2]
+    }
+
     /// Max pooling of a [`plain`](Window::plain) window over the planes `planes`: `out`
     /// holds their outputs. The taps are visited in row-major window order and a NaN wins
     /// and stays, as in the general loop, so the values are the same.
     pub(super) fn max_plain<T: Float>(&self, planes: Range<usize>, x: &[T], out: &mut [T]) {
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        if self.pairs() {
+            // 2×2 windows with stride 2: two input rows give one output row.
+            for (p, out) in planes.zip(out.chunks_exact_mut(ohw)) {
+                let plane = &x[p * hw..(p + 1) * hw];
+                for (oi, out) in out.chunks_exact_mut(self.ow).enumerate() {
+                    let top = &plane[2 * oi * self.w..][..2 * self.ow];
+                    let bottom = &plane[(2 * oi + 1) * self.w..][..2 * self.ow];
+                    for ((o, t), b) in out.iter_mut().zip(top.chunks_exact(2)).zip(bottom.chunks_exact(2)) {
+                        *o = later(later(later(t[0], t[1]), b[0]), b[1]);
+                    }
+                }
+            }
+            return;
+        }
         for (p, out) in planes.zip(out.chunks_exact_mut(ohw)) {
             let plane = &x[p * hw..(p + 1) * hw];
             for (oi, out) in out.chunks_exact_mut(self.ow).enumerate() {
@@ -157,9 +178,7 @@ impl Window {
                     for a in 0..self.kh {
                         let at = (oi * self.sh + a) * self.w + oj * self.sw;
                         for &v in &plane[at..at + self.kw] {
-                            if !m.is_nan() && (v > m || v.is_nan()) {
-                                m = v;
-                            }
+                            m = later(m, v);
                         }
                     }
                     *o = m;
@@ -173,6 +192,24 @@ impl Window {
     /// maximum (the first NaN, for a NaN maximum) gets `dout`, as in the general loop.
     pub(super) fn max_grad_plain<T: Float>(&self, planes: Range<usize>, x: &[T], y: &[T], dout: &[T], dx: &mut [T]) {
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
+        if self.pairs() {
+            for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
+                let plane = &x[p * hw..(p + 1) * hw];
+                for oi in 0..self.oh {
+                    let (top, bottom) = (2 * oi * self.w, (2 * oi + 1) * self.w);
+                    for oj in 0..self.ow {
+                        let o = p * ohw + oi * self.ow + oj;
+                        let m = y[o];
+                        let taps = [top + 2 * oj, top + 2 * oj + 1, bottom + 2 * oj, bottom + 2 * oj + 1];
+                        if let Some(&at) = taps.iter().find(|&&at| plane[at] == m || (plane[at].is_nan() && m.is_nan()))
+                        {
+                            dx[at] += dout[o];
+                        }
+                    }
+                }
+            }
+            return;
+        }
         for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
             let plane = &x[p * hw..(p + 1) * hw];
             for oi in 0..self.oh {
@@ -226,39 +263,56 @@ impl Window {
         }
     }
 
-    /// Calls `f(col, x)` for every element of `im2col`'s output for the images `images`
-    /// that reads the input, with the flat indices (into the whole output and input) of
-    /// the column element and of the input element it copies.
+    /// Calls `f(col, x, len)` for every run of `im2col`'s output for the images `images`
+    /// that reads the input: `len` consecutive column elements from flat index `col` (into
+    /// the whole output) copy the input elements `x, x + sw, …, x + (len − 1)·sw` (into the
+    /// whole input). A run is one output row `oi` of one kernel tap `(c, a, b)`: the
+    /// output columns `oj` whose input column lies inside the input. Row by row, a copy is
+    /// a slice (`sw = 1`) rather than an index computation per element.
     #[inline]
-    pub(super) fn for_each_col(&self, images: Range<usize>, f: impl FnMut(usize, usize)) {
-        if self.dilated() {
-            self.cols_of::<true>(images, f);
-        } else {
-            self.cols_of::<false>(images, f);
-        }
-    }
-
-    #[inline(always)]
-    fn cols_of<const DILATED: bool>(&self, images: Range<usize>, mut f: impl FnMut(usize, usize)) {
-        let (dh, dw) = if DILATED { (self.dh, self.dw) } else { (1, 1) };
+    pub(super) fn for_each_run(&self, images: Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
         let (k, l) = (self.c * self.kh * self.kw, self.oh * self.ow);
         for n in images {
             for c in 0..self.c {
                 let plane = (n * self.c + c) * self.h * self.w;
-                for oi in 0..self.oh {
-                    for a in self.rows(oi, dh) {
-                        let i = oi * self.sh + a * dh - self.ph;
-                        for oj in 0..self.ow {
-                            for b in self.cols(oj, dw) {
-                                let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
-                                f(row + oi * self.ow + oj, plane + i * self.w + oj * self.sw + b * dw - self.pw);
-                            }
+                for a in 0..self.kh {
+                    // Output rows whose input row `oi·sh + a·dh − ph` is inside the input.
+                    let ois = span(a * self.dh, self.ph, self.h, self.sh, self.oh);
+                    for b in 0..self.kw {
+                        let ojs = span(b * self.dw, self.pw, self.w, self.sw, self.ow);
+                        if ojs.is_empty() {
+                            continue;
+                        }
+                        let row = (n * k + (c * self.kh + a) * self.kw + b) * l;
+                        for oi in ois.clone() {
+                            let i = oi * self.sh + a * self.dh - self.ph;
+                            let j = ojs.start * self.sw + b * self.dw - self.pw;
+                            f(row + oi * self.ow + ojs.start, plane + i * self.w + j, ojs.len());
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// The running maximum `m` after tap `v`: a NaN wins and stays, and of equal values the
+/// earlier stays (the general loop's rule, with the taps in row-major order).
+#[inline(always)]
+fn later<T: Float>(m: T, v: T) -> T {
+    if !m.is_nan() && (v > m || v.is_nan()) {
+        v
+    } else {
+        m
+    }
+}
+
+/// The outputs `o` in `0..count` whose input `o·stride + offset − pad` lies in `0..len`.
+#[inline(always)]
+fn span(offset: usize, pad: usize, len: usize, stride: usize, count: usize) -> Range<usize> {
+    let hi = (len + pad).saturating_sub(offset).div_ceil(stride).min(count);
+    let lo = pad.saturating_sub(offset).div_ceil(stride).min(hi);
+    lo..hi
 }
 
 /// The kernel offsets `a` in `0..k` with `0 ≤ start + a·d − pad < len`. Every sum is of

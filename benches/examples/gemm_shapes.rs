@@ -1,10 +1,12 @@
 //! W10's fifteen GEMM shapes (forward, input gradients, weight gradients; batch 32 × 64
-//! tokens, width 128, MLP 512, vocabulary 96) through Tapir's `gemm`, one at a time on one
-//! thread, with the total for one training step (four layers, one output head).
+//! tokens, width 128, MLP 512, vocabulary 96) through Tapir's `gemm`, one at a time on
+//! THREADS threads (default 1), with the total for one training step (four layers, one
+//! output head).
 //! `benches/compare/gemm_shapes_torch.py` times the same shapes with PyTorch's `addmm_`.
 //!
 //! ```sh
-//! cargo run --release -p benches --example gemm_shapes
+//! cargo run --release -p benches --example gemm_shapes          # THREADS, default 1
+//! target/release/examples/gemm_shapes 2
 //! ```
 
 use std::time::Instant;
@@ -30,7 +32,9 @@ const SHAPES: [(&str, usize, usize, usize, bool, bool); 15] = [
 ];
 
 fn main() {
-    tapir::init_threads(1).expect("no parallel work before this");
+    let threads: usize = std::env::args().nth(1).and_then(|t| t.parse().ok()).unwrap_or(1);
+    let threads = tapir::init_threads(threads).expect("no parallel work before this");
+    let par = if threads > 1 { faer::Par::rayon(threads) } else { faer::Par::Seq };
     let mut total = 0.0;
     for (name, m, k, n, at, bt) in SHAPES {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
@@ -41,7 +45,7 @@ fn main() {
         for _ in 0..3 {
             let t = Instant::now();
             for _ in 0..reps {
-                f32::gemm(&mut c, &a, at, &b, bt, (m, k, n), true, faer::Par::Seq);
+                f32::gemm(&mut c, &a, at, &b, bt, (m, k, n), true, par);
             }
             best = best.min(t.elapsed().as_secs_f64() / reps as f64);
         }

@@ -1,4 +1,4 @@
-//! Where a step's time goes, per op kind: W1, W2, W8 (and W8C, W10, W11) from `benches/src`
+//! Where a step's time goes, per op kind: W1, W2, W7, W8, W8C, W10 and W11 from `benches/src`
 //! run with [`Graph::set_profiling`](tapir::Graph::set_profiling) on, one table per
 //! workload. Rows are per step: nodes recorded, forward (recording) ms, backward-rule ms,
 //! the part of both inside matrix products, and the share of the step's wall time; the
@@ -13,7 +13,9 @@
 //! ```
 //!
 //! Each workload runs its warm-up steps (W8: 2, others 3) before the profile is reset,
-//! then STEPS steps (default W1 10, W2 20, W8 4, W10 10, W11 40). Markdown tables with `--md`.
+//! then STEPS steps (default W1 10, W2 20, W7 15, W8 4, W10 10, W11 40). Markdown tables
+//! with `--md`. W7's step is one Hessian-vector product (its recorded gradient's ops count
+//! under their own kinds).
 
 use std::time::{Duration, Instant};
 
@@ -47,7 +49,7 @@ fn options() -> Options {
         }
     }
     if o.workloads.is_empty() {
-        o.workloads = ["W1", "W2", "W8", "W10"].map(String::from).to_vec();
+        o.workloads = ["W1", "W2", "W7", "W8", "W8C", "W10", "W11"].map(String::from).to_vec();
     }
     o
 }
@@ -76,6 +78,16 @@ fn workload(name: &str) -> (Step, usize, usize) {
                 }),
                 3,
                 20,
+            )
+        }
+        "W7" => {
+            let mut w = benches::MlpHvp::new();
+            (
+                Box::new(move |g| {
+                    std::hint::black_box(w.hvp(g));
+                }),
+                3,
+                15,
             )
         }
         "W8" | "W8C" => {
@@ -108,7 +120,7 @@ fn workload(name: &str) -> (Step, usize, usize) {
                 40,
             )
         }
-        other => panic!("no workload {other}: W1, W2, W8, W8C, W10 or W11"),
+        other => panic!("no workload {other}: W1, W2, W7, W8, W8C, W10 or W11"),
     }
 }
 

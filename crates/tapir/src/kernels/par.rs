@@ -32,8 +32,9 @@ pub(crate) const CHUNK: usize = 1 << 13;
 /// there are never more, and the partials live in a stack array.
 pub(crate) const MAX_PARTIALS: usize = 64;
 
-/// Columns per piece when a reduction over rows is split by columns (a bias gradient).
-pub(crate) const COLUMN_BLOCK: usize = 256;
+/// Columns per piece when a reduction over rows is split by columns (a bias gradient):
+/// 256 B of `f32` per row, so that a 256-wide bias splits four ways.
+pub(crate) const COLUMN_BLOCK: usize = 64;
 
 /// The thread count of `par` (1 for `Par::Seq`).
 #[inline]
@@ -172,6 +173,29 @@ pub(crate) fn axpy<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
 #[inline(never)]
 fn axpy_chunks<T: Float>(par: Par, dst: &mut [T], c: T, src: &[T]) {
     for_chunks(threads(par), dst, CHUNK, &|s, d: &mut [T]| super::axpy(d, c, &src[s..s + d.len()]));
+}
+
+/// `dst[i] += src[i]`.
+#[inline]
+pub(crate) fn add_assign<T: Float>(par: Par, dst: &mut [T], src: &[T]) {
+    if dst.len() < MIN_PARALLEL {
+        super::add_assign(dst, src);
+    } else {
+        for_chunks(threads(par), dst, CHUNK, &|s, d: &mut [T]| super::add_assign(d, &src[s..s + d.len()]));
+    }
+}
+
+/// Every row of `out` (rows of `row.len()` elements) set to `row`: a bias before the
+/// product that adds into it.
+pub(crate) fn fill_rows<T: Float>(par: Par, out: &mut [T], row: &[T]) {
+    let n = row.len().max(1);
+    if out.len() < MIN_PARALLEL {
+        out.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(row));
+    } else {
+        for_chunks(threads(par), out, tile_chunk(n), &|_, o: &mut [T]| {
+            o.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(row))
+        });
+    }
 }
 
 /// A 2-D shape `[rows, cols]` for a piece of a tiled broadcast.

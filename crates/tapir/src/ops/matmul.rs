@@ -106,7 +106,7 @@ fn linear_into<T: Float>(
 ) {
     // Empty outputs skip both passes (a leading dimension may be huge beside a 0).
     if !out.is_empty() {
-        out.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b));
+        kernels::par::fill_rows(par, out, b);
         if k > 0 {
             let m = out.len() / n;
             product(profile, || T::gemm(out, x, false, w, false, (m, k, n), true, par));

@@ -210,8 +210,14 @@ pub(crate) fn backward_reshape<'s, T: Float>(
     out: NodeId<'s>,
     x: NodeId<'s>,
 ) -> Result<()> {
-    if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        kernels::add_assign(dx, dout);
+    let par = ctx.par;
+    if let Some((dout, dx, first)) = ctx.grad_pair_write(out, x)? {
+        if first {
+            // `0 + g`, as the accumulating path computes it (a `-0` becomes `+0`).
+            kernels::par::map(par, dout, dx, |g| T::ZERO + g);
+        } else {
+            kernels::par::add_assign(par, dx, dout);
+        }
     }
     Ok(())
 }

@@ -399,6 +399,42 @@ fn first_product_gradients_written_into_reused_buffers_are_exact() {
         })
         .collect();
     assert_close(&got, &want);
+
+    // A broadcast operand over a batch large enough that its gradient sums in groups
+    // (`h [16, 24]` times `c [64, 24, 32]`: 11 groups): the group sums are written over
+    // the reused buffer. `∂L/∂h[i][j] = Σ_b Σ_n c[b][j][n]`.
+    let pg = Tensor::from_vec((0..384).map(|i| ((i * 5) % 17) as f64 / 17.0 - 0.5).collect(), &[16, 24]).unwrap();
+    let cg: Vec<f64> = (0..64 * 24 * 32).map(|i| ((i * 7) % 13) as f64 / 13.0 - 0.5).collect();
+    let got = grad_into(&pg, &[t(&cg, &[64, 24, 32])], |pv, l| {
+        pv.mul_scalar(2.0).matmul(l[0]).sum() + pv.mul_scalar(3.0).sum()
+    });
+    let want: Vec<f64> = (0..384)
+        .map(|ij| {
+            let j = ij % 24;
+            2.0 * (0..64).map(|b| (0..32).map(|n| cg[b * 768 + j * 32 + n]).sum::<f64>()).sum::<f64>() + 3.0
+        })
+        .collect();
+    assert_close(&got, &want);
+
+    // 2×2 max pooling with stride 2 on an even-sized image writes every element of its
+    // input's first gradient: `∂L/∂h` is 1 at each window's maximum and 0 elsewhere.
+    let pv16: Vec<f64> = (0..16).map(|i| ((i * 7) % 16) as f64).collect();
+    let got = grad_into(&t(&pv16, &[1, 1, 4, 4]), &[], |pv, _| {
+        pv.mul_scalar(2.0).max_pool2d([2, 2], [2, 2], [0, 0]).sum() + pv.mul_scalar(3.0).sum()
+    });
+    let want: Vec<f64> = (0..16)
+        .map(|i| {
+            let (r, c) = (i / 4, i % 4);
+            let window = (0..4).map(|t| (r / 2 * 2 + t / 2) * 4 + c / 2 * 2 + t % 2);
+            let top = window.max_by(|&a, &b| pv16[a].total_cmp(&pv16[b])).unwrap();
+            if top == i {
+                2.0 + 3.0
+            } else {
+                3.0
+            }
+        })
+        .collect();
+    assert_close(&got, &want);
 }
 
 fn assert_close(got: &[f64], want: &[f64]) {

@@ -295,9 +295,15 @@ pub(crate) fn backward_max_pool2d<'s, T: Float>(
 ) -> Result<()> {
     let win = Window::from_extra(ctx.shape(x), ctx.extra(geom, GEOM_LEN));
     let (xv, yv) = (ctx.value(x), ctx.value(out));
-    let par = ctx.par;
+    let (par, hw) = (ctx.par, win.h * win.w);
+    if win.pairs() {
+        // Every element written on a first gradient: no zero fill first.
+        if let Some((dout, dx, first)) = ctx.grad_pair_write(out, x)? {
+            win.for_planes(par, dx, hw, &|planes, dx| win.max_grad_pairs(planes, xv, yv, dout, dx, first));
+        }
+        return Ok(());
+    }
     if let Some((dout, dx)) = ctx.grad_pair(out, x)? {
-        let hw = win.h * win.w;
         win.for_planes(par, dx, hw, &|planes, dx| {
             if win.plain() {
                 return win.max_grad_plain(planes, xv, yv, dout, dx);

@@ -86,10 +86,10 @@ impl Window {
 
     /// Calls `f(planes, piece)` for consecutive pieces of `out`, each holding whole
     /// `(n, c)` planes of `per_plane` elements (`out` is per-plane: the outputs, `oh·ow`
-    /// per plane, or the input's gradient, `h·w`), over `threads` when the input has
-    /// [`par::MIN_PARALLEL`] elements or more. A piece covers about [`par::CHUNK`] input
-    /// elements: the split depends on the shape alone, and every element is computed by
-    /// the same loop whatever the thread count.
+    /// per plane, or the input's gradient, `h·w`), over `threads` when the input or `out`
+    /// has [`par::MIN_PARALLEL`] elements or more. A piece covers about [`par::CHUNK`]
+    /// elements of the larger of the two: the split depends on the shape alone, and every
+    /// element is computed by the same loop whatever the thread count.
     pub(super) fn for_planes<U: Send>(
         &self,
         threads: Par,
@@ -127,9 +127,10 @@ impl Window {
         if per_unit == 0 || units == 0 {
             return f(0..units, out);
         }
-        let input = units.saturating_mul(unit_input);
-        let threads = if input < par::MIN_PARALLEL { 1 } else { par::threads(threads) };
-        let per_piece = (par::CHUNK / unit_input.max(1)).max(1);
+        // Sized by the larger side of a unit: `im2col`'s columns are `kh·kw` times its input.
+        let unit = unit_input.max(per_unit);
+        let threads = if units.saturating_mul(unit) < par::MIN_PARALLEL { 1 } else { par::threads(threads) };
+        let per_piece = (par::CHUNK / unit).max(1);
         par::for_chunks(threads, out, per_piece * per_unit, &|start, piece| {
             let first = start / per_unit;
             f(first..first + piece.len() / per_unit, piece)
@@ -147,7 +148,7 @@ impl Window {
     /// Whether the window is 2×2 with stride 2 and [`plain`](Window::plain): pooling's
     /// commonest shape, which the max-pooling loops take two input rows at a time.
     #[inline]
-    fn pairs(&self) -> bool {
+    pub(super) fn pairs(&self) -> bool {
         self.plain() && [self.kh, self.kw, self.sh, self.sw] == [2, 2, 2, 2]
     }
 
@@ -193,22 +194,7 @@ impl Window {
     pub(super) fn max_grad_plain<T: Float>(&self, planes: Range<usize>, x: &[T], y: &[T], dout: &[T], dx: &mut [T]) {
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
         if self.pairs() {
-            for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
-                let plane = &x[p * hw..(p + 1) * hw];
-                for oi in 0..self.oh {
-                    let (top, bottom) = (2 * oi * self.w, (2 * oi + 1) * self.w);
-                    for oj in 0..self.ow {
-                        let o = p * ohw + oi * self.ow + oj;
-                        let m = y[o];
-                        let taps = [top + 2 * oj, top + 2 * oj + 1, bottom + 2 * oj, bottom + 2 * oj + 1];
-                        if let Some(&at) = taps.iter().find(|&&at| plane[at] == m || (plane[at].is_nan() && m.is_nan()))
-                        {
-                            dx[at] += dout[o];
-                        }
-                    }
-                }
-            }
-            return;
+            return self.max_grad_pairs(planes, x, y, dout, dx, false);
         }
         for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
             let plane = &x[p * hw..(p + 1) * hw];
@@ -224,6 +210,47 @@ impl Window {
                                 break 'window;
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Max pooling's gradient for [`pairs`](Window::pairs) windows over the planes
+    /// `planes`, as [`max_grad_plain`](Window::max_grad_plain) adds it; with `write`,
+    /// every element of `dx` is set instead (`dout` at each window's maximum, `0` at its
+    /// other taps and at the odd last row or column no window reads), so `dx`'s elements
+    /// may be unspecified.
+    pub(super) fn max_grad_pairs<T: Float>(
+        &self,
+        planes: Range<usize>,
+        x: &[T],
+        y: &[T],
+        dout: &[T],
+        dx: &mut [T],
+        write: bool,
+    ) {
+        let (hw, ohw, w) = (self.h * self.w, self.oh * self.ow, self.w);
+        for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
+            if write && (self.h % 2 == 1 || w % 2 == 1) {
+                dx.fill(T::ZERO);
+            }
+            let plane = &x[p * hw..(p + 1) * hw];
+            for oi in 0..self.oh {
+                let (top, bottom) = (2 * oi * w, (2 * oi + 1) * w);
+                for oj in 0..self.ow {
+                    let o = p * ohw + oi * self.ow + oj;
+                    let (m, d) = (y[o], dout[o]);
+                    let taps = [top + 2 * oj, top + 2 * oj + 1, bottom + 2 * oj, bottom + 2 * oj + 1];
+                    // The first tap equal to the maximum (the first NaN, for a NaN maximum).
+                    let at = taps.iter().position(|&at| plane[at] == m || (plane[at].is_nan() && m.is_nan()));
+                    if write {
+                        for (t, &i) in taps.iter().enumerate() {
+                            // `0 + d`, the accumulating path's bits (a `-0` becomes `+0`).
+                            dx[i] = if at == Some(t) { T::ZERO + d } else { T::ZERO };
+                        }
+                    } else if let Some(t) = at {
+                        dx[taps[t]] += d;
                     }
                 }
             }

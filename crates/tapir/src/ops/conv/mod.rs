@@ -42,7 +42,7 @@ use crate::record::handles::{Core, Var};
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
-use window::{record_window, Args, Window, GEOM_LEN};
+use window::{col2im_into, im2col_add, im2col_into, record_window, Args, Window, GEOM_LEN};
 
 impl<'s, T: Float> Var<'s, T> {
     /// Unfolds every `kh×kw` window of `x: [N, C, H, W]` into a column:
@@ -356,51 +356,6 @@ fn col2im_record<'s, T: Float>(
     let out = r.alloc(image.numel())?;
     col2im_into(&win, threads, xv, out);
     Ok((Op::Col2Im { x, geom }, image, out))
-}
-
-/// `out = im2col(x)` into zeroed `out`, image by image over `threads`.
-fn im2col_into<T: Float>(win: &Window, threads: Par, x: &[T], out: &mut [T]) {
-    let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
-    let sw = win.sw;
-    win.for_images(threads, out, per_image, &|images, out| {
-        let base = images.start * per_image;
-        win.for_each_run(images, |o, i, len| {
-            let out = &mut out[o - base..o - base + len];
-            if sw == 1 {
-                out.copy_from_slice(&x[i..i + len]);
-            } else {
-                out.iter_mut().zip(x[i..].iter().step_by(sw)).for_each(|(o, &v)| *o = v);
-            }
-        });
-    });
-}
-
-/// `cols += im2col(x)`, image by image over `threads`.
-fn im2col_add<T: Float>(win: &Window, threads: Par, x: &[T], cols: &mut [T]) {
-    let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
-    let sw = win.sw;
-    win.for_images(threads, cols, per_image, &|images, cols| {
-        let base = images.start * per_image;
-        win.for_each_run(images, |o, i, len| {
-            let cols = &mut cols[o - base..o - base + len];
-            cols.iter_mut().zip(x[i..].iter().step_by(sw)).for_each(|(c, &v)| *c += v);
-        });
-    });
-}
-
-/// `image += col2im(cols)`, the scatter-add of `im2col`'s map, image by image over
-/// `threads` (each image's sums run in the same order whatever the thread count: by
-/// kernel tap, then output position).
-fn col2im_into<T: Float>(win: &Window, threads: Par, cols: &[T], image: &mut [T]) {
-    let per_image = win.c * win.h * win.w;
-    let sw = win.sw;
-    win.for_images(threads, image, per_image, &|images, image| {
-        let base = images.start * per_image;
-        win.for_each_run(images, |o, i, len| {
-            let image = &mut image[i - base..];
-            image.iter_mut().step_by(sw).zip(&cols[o..o + len]).for_each(|(d, &v)| *d += v);
-        });
-    });
 }
 
 /// `dx += im2col(dout)`.

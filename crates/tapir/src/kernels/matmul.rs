@@ -365,17 +365,35 @@ pub(crate) fn sum_groups(d: &MatMulDims, own: &Shape) -> usize {
     items.div_ceil(items.div_ceil(groups))
 }
 
+/// Which operand's gradient a backward product writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
+impl Side {
+    /// `(this side's item, the other operand's item)` of an output item's `(ia, ib)`.
+    #[inline]
+    fn pick(self, (ia, ib): (usize, usize)) -> (usize, usize) {
+        if self == Side::A {
+            (ia, ib)
+        } else {
+            (ib, ia)
+        }
+    }
+}
+
 /// `dst (=|+=) Σ_o item(o)` over the output items in `groups` runs of consecutive items:
-/// run `r`'s sum goes into `scratch`'s `r`-th block of `len` (`item(o, ib, block, add)`
-/// writes or adds item `o`'s product, `ib` being its other operand's item), runs spread
+/// run `r`'s sum goes into `scratch`'s `r`-th block of `len` (`item(o, other, block, add)`
+/// writes or adds item `o`'s product, `other` being the other operand's item), runs spread
 /// over the threads; then every element of `dst` gets its runs' sums added in run order.
 fn grouped<T: Float>(
     d: &MatMulDims,
-    groups: usize,
+    (groups, side): (usize, Side),
     par: Par,
     (dst, first): (&mut [T], bool),
     scratch: &mut [T],
-    other: fn(&Items, usize) -> usize,
     item: impl Fn(usize, usize, &mut [T], bool) + Sync,
 ) {
     let (items, len) = (d.batch.numel(), dst.len());
@@ -385,7 +403,7 @@ fn grouped<T: Float>(
     super::par::for_chunks(threads, &mut scratch[..groups * len], len, &|s, sum: &mut [T]| {
         let run = s / len;
         for (j, o) in (run * per..items.min((run + 1) * per)).enumerate() {
-            item(o, other(&at, o), sum, j > 0);
+            item(o, side.pick(at.of(o)).1, sum, j > 0);
         }
     });
     let sums = &scratch[..groups * len];
@@ -399,6 +417,34 @@ fn grouped<T: Float>(
             *o = if first { acc } else { *o + acc };
         }
     });
+}
+
+/// The products of a backward pass into the gradient `g` of operand `side` (one block of
+/// `len` per item of that operand): `item(o, other, block, add, par)` writes or adds
+/// output item `o`'s product into its block, `other` being the other operand's item. In
+/// groups (`sum_groups`, when `scratch` holds them), spread over the threads, or item by
+/// item in order, each product then split as [`gemm`] decides.
+fn grad_items<T: Float>(
+    d: &MatMulDims,
+    side: Side,
+    (g, first): (&mut [T], bool),
+    par: Par,
+    scratch: &mut [T],
+    item: impl Fn(usize, usize, &mut [T], bool, Par) + Sync,
+) {
+    let (own, len) = if side == Side::A { (&d.a_batch, d.m * d.k) } else { (&d.b_batch, d.k * d.n) };
+    let groups = sum_groups(d, own);
+    if groups > 1 && scratch.len() >= groups * len {
+        grouped(d, (groups, side), par, (g, first), scratch, |o, x, g, add| item(o, x, g, add, Par::Seq));
+        return;
+    }
+    let add = adds_into(d, own, first, g, par);
+    if !spread(d, own, par, g, len, |o, ia, ib, blk| item(o, side.pick((ia, ib)).1, blk, add, Par::Seq)) {
+        d.for_each(|o, ia, ib| {
+            let (mine, other) = side.pick((ia, ib));
+            item(o, other, &mut g[mine * len..(mine + 1) * len], add, par)
+        });
+    }
 }
 
 /// Batched forward: `out[i] = op(a[ia]) · op(b[ib])`.
@@ -450,23 +496,7 @@ pub(crate) fn backward_a<T: Float>(
             T::gemm(g, dout, false, b, !tb, (m, n, k), add, par);
         }
     };
-    let groups = sum_groups(d, &d.a_batch);
-    if groups > 1 && scratch.len() >= groups * m * k {
-        grouped(
-            d,
-            groups,
-            par,
-            (da, first),
-            scratch,
-            |at, o| at.of(o).1,
-            |o, ib, g, add| item(o, ib, g, add, Par::Seq),
-        );
-        return;
-    }
-    let add = adds_into(d, &d.a_batch, first, da, par);
-    if !spread(d, &d.a_batch, par, da, m * k, |o, _, ib, g| item(o, ib, g, add, Par::Seq)) {
-        d.for_each(|o, ia, ib| item(o, ib, &mut da[ia * m * k..(ia + 1) * m * k], add, par));
-    }
+    grad_items(d, Side::A, (da, first), par, scratch, item);
 }
 
 /// `db[ib] += op(a[ia])ᵀ · dout[i]` over the batch (transposed back if `b` is used
@@ -490,21 +520,5 @@ pub(crate) fn backward_b<T: Float>(
             T::gemm(g, a, !ta, dout, false, (k, m, n), add, par);
         }
     };
-    let groups = sum_groups(d, &d.b_batch);
-    if groups > 1 && scratch.len() >= groups * k * n {
-        grouped(
-            d,
-            groups,
-            par,
-            (db, first),
-            scratch,
-            |at, o| at.of(o).0,
-            |o, ia, g, add| item(o, ia, g, add, Par::Seq),
-        );
-        return;
-    }
-    let add = adds_into(d, &d.b_batch, first, db, par);
-    if !spread(d, &d.b_batch, par, db, k * n, |o, ia, _, g| item(o, ia, g, add, Par::Seq)) {
-        d.for_each(|o, ia, ib| item(o, ia, &mut db[ib * k * n..(ib + 1) * k * n], add, par));
-    }
+    grad_items(d, Side::B, (db, first), par, scratch, item);
 }

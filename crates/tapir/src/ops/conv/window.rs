@@ -325,30 +325,28 @@ impl Window {
 
 /// `out = im2col(x)` into zeroed `out`, image by image over `threads`.
 pub(super) fn im2col_into<T: Float>(win: &Window, threads: Par, x: &[T], out: &mut [T]) {
-    let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
-    let sw = win.sw;
-    win.for_images(threads, out, per_image, &|images, out| {
-        let base = images.start * per_image;
-        win.for_each_run(images, |o, i, len| {
-            let out = &mut out[o - base..o - base + len];
-            if sw == 1 {
-                out.copy_from_slice(&x[i..i + len]);
-            } else {
-                out.iter_mut().zip(x[i..].iter().step_by(sw)).for_each(|(o, &v)| *o = v);
-            }
-        });
-    });
+    im2col_runs(win, threads, x, out, false);
 }
 
 /// `cols += im2col(x)`, image by image over `threads`.
 pub(super) fn im2col_add<T: Float>(win: &Window, threads: Par, x: &[T], cols: &mut [T]) {
+    im2col_runs(win, threads, x, cols, true);
+}
+
+/// `cols (=|+=) im2col(x)` run by run (a copy, or an add if `add`).
+fn im2col_runs<T: Float>(win: &Window, threads: Par, x: &[T], cols: &mut [T], add: bool) {
     let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
     let sw = win.sw;
     win.for_images(threads, cols, per_image, &|images, cols| {
         let base = images.start * per_image;
         win.for_each_run(images, |o, i, len| {
             let cols = &mut cols[o - base..o - base + len];
-            cols.iter_mut().zip(x[i..].iter().step_by(sw)).for_each(|(c, &v)| *c += v);
+            let from = x[i..].iter().step_by(sw);
+            match (add, sw) {
+                (false, 1) => cols.copy_from_slice(&x[i..i + len]),
+                (false, _) => cols.iter_mut().zip(from).for_each(|(c, &v)| *c = v),
+                (true, _) => cols.iter_mut().zip(from).for_each(|(c, &v)| *c += v),
+            }
         });
     });
 }

@@ -191,11 +191,9 @@ impl Window {
     /// Max pooling's gradient for a [`plain`](Window::plain) window over the planes
     /// `planes`: `dx` holds their input gradients; the first tap equal to the window's
     /// maximum (the first NaN, for a NaN maximum) gets `dout`, as in the general loop.
+    /// ([`pairs`](Window::pairs) windows take [`max_grad_pairs`](Window::max_grad_pairs).)
     pub(super) fn max_grad_plain<T: Float>(&self, planes: Range<usize>, x: &[T], y: &[T], dout: &[T], dx: &mut [T]) {
         let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
-        if self.pairs() {
-            return self.max_grad_pairs(planes, x, y, dout, dx, false);
-        }
         for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
             let plane = &x[p * hw..(p + 1) * hw];
             for oi in 0..self.oh {

@@ -20,7 +20,7 @@ const CORE_LAYERS: Layers<'static> = &[
     ("error.rs", 0),
     ("threads.rs", 0),
     // 1 memory and math: slices in, slices out; no ids, no tape
-    ("storage.rs", 1),
+    ("storage", 1),
     ("kernels", 1),
     ("tensor.rs", 1),
     ("params.rs", 1),

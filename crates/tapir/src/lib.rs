@@ -29,7 +29,8 @@
 //! ```
 
 #![warn(missing_docs)]
-// Two sites in `storage.rs` allow it, each with its `// SAFETY:` argument (docs/unsafe.md).
+// Sites in `storage/` and `graph/session.rs` allow it, each with its `// SAFETY:` argument
+// (docs/unsafe.md).
 #![deny(unsafe_code)]
 
 // The modules in layer order: each imports only its own layer and those above it in this

@@ -74,3 +74,57 @@ fn index_payloads_count_against_the_arena_limit() {
     // Nothing of the 4 MiB payload was kept.
     assert!(g.stats().tape_bytes < 1024, "{:?}", g.stats());
 }
+
+/// Bits of the loss and of every leaf's gradient after one scope of a program whose ops
+/// write their outputs and first gradients whole into buffers the arena does not clear
+/// (`Arena::alloc_stale`): large unary and binary maps (broadcast too), `linear`,
+/// `matmul`, a convolution and its pooling, each at sizes on both sides of the parallel
+/// threshold.
+fn warm_program(g: &mut Graph<f32>, leaves: &[Tensor<f32>]) -> Vec<Vec<u32>> {
+    g.scope(|s| {
+        let l: Vec<_> = leaves.iter().map(|t| s.leaf(t)).collect();
+        let (x, w, bias, col, img, k, small) = (l[0], l[1], l[2], l[3], l[4], l[5], l[6]);
+        let h = x.linear(w, bias);
+        let a = h.gelu() * h.tanh() + bias;
+        let b = (a * col).exp().sqrt() - h;
+        let c = b.matmul(w).relu();
+        let conv = img.conv2d(k, [1, 1], [1, 1]).relu().max_pool2d([2, 2], [2, 2], [0, 0]);
+        let t = small.sigmoid() * small.tanh() + small.gelu();
+        let loss = c.sum() + conv.square().sum() + t.sum();
+        s.backward(loss).unwrap();
+        let mut bits = vec![vec![loss.item().unwrap().to_bits()]];
+        bits.extend(l.iter().map(|v| v.grad().unwrap().iter().map(|e| e.to_bits()).collect()));
+        bits
+    })
+}
+
+fn warm_leaves(seed: u64) -> Vec<Tensor<f32>> {
+    let dims: [&[usize]; 7] = [&[256, 160], &[160, 160], &[160], &[256, 1], &[8, 3, 10, 10], &[6, 3, 3, 3], &[16, 40]];
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let n: usize = d.iter().product();
+            let v = (0..n).map(|j| ((j as u64 * 7919 + seed * 104_729 + i as u64 * 31) % 1000) as f32 / 2000.0 - 0.2);
+            Tensor::from_vec(v.collect(), d).unwrap()
+        })
+        .collect()
+}
+
+/// A scope in a warmed-up arena, whose buffers hold another scope's values (all-one bytes
+/// in debug builds), gives the bits of the same scope in a fresh arena, whose buffers were
+/// zeroed: every op that takes an unspecified buffer writes all of it.
+#[test]
+fn a_warmed_up_arena_gives_the_bits_of_a_fresh_one() {
+    let (x, other) = (warm_leaves(1), warm_leaves(2));
+    for threads in [1, 2] {
+        let mut g = Graph::<f32>::new();
+        g.set_threads(threads);
+        let fresh = warm_program(&mut g, &x);
+        let dirty = warm_program(&mut g, &other);
+        assert_ne!(dirty, fresh, "the second scope leaves other values behind");
+        let warm = warm_program(&mut g, &x);
+        for (i, (a, b)) in fresh.iter().zip(&warm).enumerate() {
+            assert!(a == b, "{threads} threads: output {i} differs in a warmed-up arena");
+        }
+    }
+}

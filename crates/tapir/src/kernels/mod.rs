@@ -279,6 +279,22 @@ fn map_grad_loop<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl F
     }
 }
 
+/// `dx[i] = 0 + dout[i] · d(x[i], y[i])`: [`map_grad`] into a first gradient, whose
+/// elements are unspecified, under SIMD dispatch. Adding to zero gives the accumulating
+/// path's bits (`0 + (−0) = +0`).
+#[inline(never)]
+pub(crate) fn map_grad_write<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {
+    simd::run(
+        dx.len(),
+        #[inline(always)]
+        || {
+            for (((g, &go), &xv), &yv) in dx.iter_mut().zip(dout).zip(x).zip(y) {
+                *g = T::ZERO + go * d(xv, yv);
+            }
+        },
+    );
+}
+
 /// [`map_grad`] out of line and under SIMD dispatch, for long derivative formulas.
 #[inline(never)]
 pub(crate) fn map_grad_long<T: Float>(dout: &[T], x: &[T], y: &[T], dx: &mut [T], d: impl Fn(T, T) -> T) {

@@ -144,6 +144,54 @@ fn map_grad_chunks<T: Float>(par: Par, dout: &[T], x: &[T], y: &[T], dx: &mut [T
     });
 }
 
+/// `dx[i] = 0 + dout[i] · d(x[i], y[i])` into a first gradient of at least
+/// [`MIN_PARALLEL`] elements, whose elements are unspecified (see
+/// [`super::map_grad_write`]).
+#[inline(never)]
+pub(crate) fn map_grad_write<T: Float>(
+    par: Par,
+    dout: &[T],
+    x: &[T],
+    y: &[T],
+    dx: &mut [T],
+    d: impl Fn(T, T) -> T + Sync,
+) {
+    for_chunks(threads(par), dx, CHUNK, &|s, g: &mut [T]| {
+        let e = s + g.len();
+        super::map_grad_write(
+            &dout[s..e],
+            &x[s..e],
+            &y[s..e],
+            g,
+            #[inline(always)]
+            |a, b| d(a, b),
+        );
+    });
+}
+
+/// A unary rule's derivative written into a first gradient of at least [`MIN_PARALLEL`]
+/// elements, whose elements are unspecified: `dx = 0 + dout ⊙ f'(x, y)`.
+pub(crate) struct WriteGrad<'a, T> {
+    pub x: &'a [T],
+    pub y: &'a [T],
+    pub dout: &'a [T],
+    pub dx: &'a mut [T],
+    pub par: Par,
+}
+
+impl<T: Float> super::GradMap<T> for WriteGrad<'_, T> {
+    type Out = ();
+    fn map(self, d: impl Fn(T, T) -> T + Sync) {
+        map_grad_write(self.par, self.dout, self.x, self.y, self.dx, d);
+    }
+    fn scale(self, c: T) {
+        map(self.par, self.dout, self.dx, move |g| T::ZERO + c * g);
+    }
+    fn map_long(self, d: impl Fn(T, T) -> T + Sync) {
+        self.map(d);
+    }
+}
+
 /// `out[i] = v`: a released gradient buffer zeroed for reuse, split over the threads (on
 /// the calling thread alone it was a serial pass: 5% of a 2-thread W10 step was `memset`).
 #[inline]
@@ -489,108 +537,4 @@ pub(crate) fn softmax_axis_grad<T: Float>(
 /// never more than [`MAX_PARTIALS`] chunks. Depends only on the shape.
 pub(crate) fn loss_rows(n: usize, c: usize) -> usize {
     row_chunk(c).max(n.div_ceil(MAX_PARTIALS)).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn data(n: usize, seed: u64) -> Vec<f64> {
-        // A fixed pseudo-random sequence (an LCG), spread over several magnitudes, so that
-        // summation order shows in the last bits.
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 10f64.powi((s % 7) as i32 - 3)
-            })
-            .collect()
-    }
-
-    fn bits(v: &[f64]) -> Vec<u64> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    #[test]
-    fn chunks_cover_every_element_once_at_any_thread_count() {
-        for threads in [1, 2, 3, 4, 7] {
-            for len in [0, 1, 5, 64, 65, 1000] {
-                let mut seen = vec![0u32; len];
-                for_chunks(threads, &mut seen, 7, &|s, piece: &mut [u32]| {
-                    for (i, v) in piece.iter_mut().enumerate() {
-                        *v += 1 + (s + i) as u32;
-                    }
-                });
-                let want: Vec<u32> = (0..len as u32).map(|i| i + 1).collect();
-                assert_eq!(seen, want, "{threads} threads, {len} elements");
-            }
-        }
-    }
-
-    #[test]
-    fn large_ops_give_the_same_bits_at_1_2_and_4_threads() {
-        let (rows_, cols) = (300, 257); // 77,100 elements: above MIN_PARALLEL, ragged chunks
-        let n = rows_ * cols;
-        let (x, y, bias) = (data(n, 1), data(n, 2), data(cols, 3));
-        let (so, sb) = (Shape::new(&[rows_, cols]).unwrap(), Shape::new(&[cols]).unwrap());
-        let run = |par: Par| {
-            let mut got = Vec::new();
-            let mut out = vec![0.0; n];
-            map(par, &x, &mut out, |v| v.tanh());
-            got.extend(bits(&out));
-            let mut dx = y.clone();
-            map_grad(par, &y, &x, &out, &mut dx, |a, b| a * b);
-            got.extend(bits(&dx));
-            let mut out = vec![0.0; n];
-            binary(par, (&x, &so), (&bias, &sb), (&mut out, &so), |a, b| a * b + 1.0);
-            got.extend(bits(&out));
-            let mut db = vec![0.0; cols];
-            binary_grad(par, (&y, &so), (&bias, &sb), (&x, &so), &mut db, |d, _, v| d * v);
-            got.extend(bits(&db));
-            got.push(sum(par, &x).to_bits());
-            let mut s0 = vec![0.0; cols];
-            sum_axis(par, &x, (1, rows_, cols), &mut s0);
-            got.extend(bits(&s0));
-            let mut s1 = vec![0.0; rows_];
-            sum_axis(par, &x, (rows_, cols, 1), &mut s1);
-            got.extend(bits(&s1));
-            let mut sm = vec![0.0; n];
-            softmax_axis(par, &x, (rows_, cols, 1), &mut sm, false);
-            got.extend(bits(&sm));
-            let mut dsm = vec![0.0; n];
-            softmax_axis_grad(par, &y, &sm, (rows_, cols, 1), &mut dsm, false);
-            got.extend(bits(&dsm));
-            got
-        };
-        let one = run(Par::Seq);
-        assert_eq!(one, run(Par::rayon(2)));
-        assert_eq!(one, run(Par::rayon(4)));
-    }
-
-    #[test]
-    fn parallel_sums_match_an_f64_reference_closely() {
-        // Chunked summation changes the rounding, not the value: compare with a sum of the
-        // same numbers in 128-bit-ish compensated (Neumaier) summation.
-        let x = data(100_003, 9);
-        let (mut s, mut c) = (0.0f64, 0.0f64);
-        for &v in &x {
-            let t = s + v;
-            c += if s.abs() >= v.abs() { (s - t) + v } else { (v - t) + s };
-            s = t;
-        }
-        let exact = s + c;
-        let got = sum(Par::rayon(2), &x);
-        assert!((got - exact).abs() <= 1e-12 * x.iter().map(|v| v.abs()).sum::<f64>(), "{got} vs {exact}");
-        // Column sums: each column summed in order, so equal to a plain loop.
-        let (r, cols) = (400, 250);
-        let mut out = vec![0.0; cols];
-        sum_axis(Par::rayon(2), &x[..r * cols], (1, r, cols), &mut out);
-        for (j, &o) in out.iter().enumerate() {
-            let mut want = 0.0;
-            for i in 0..r {
-                want += x[i * cols + j];
-            }
-            assert_eq!(o.to_bits(), want.to_bits(), "column {j}");
-        }
-    }
 }

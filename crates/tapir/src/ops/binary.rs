@@ -67,7 +67,7 @@ fn record_broadcast<'s, T: Float>(
     threads: Par,
     f: impl Fn(T, T) -> T + Sync,
 ) -> Result<&'s mut [T]> {
-    let out = r.alloc(so.numel())?;
+    let out = r.alloc_written(so.numel())?;
     kernels::channel::binary(threads, (a, &sa), (b, &sb), (&mut *out, &so), f);
     Ok(out)
 }

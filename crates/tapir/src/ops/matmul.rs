@@ -54,7 +54,8 @@ impl<'s, T: Float> Var<'s, T> {
             let (sa, sb) = (r.shape(self.id), r.shape(b.id));
             let (dims, so) =
                 MatMulDims::new_t(&sa, &sb, ta, tb).map_err(|p| MatMulDims::error(r.op, sa, sb, p, r.location))?;
-            let out = r.alloc(so.numel())?;
+            // A product over an empty `k` writes nothing: its zeros are the fill's.
+            let out = if dims.k > 0 { r.alloc_written(so.numel())? } else { r.alloc(so.numel())? };
             let (va, vb) = (r.value(self.id), r.value(b.id));
             product(r.tape.profile, || kmatmul::forward(&dims, va, vb, out, par));
             Ok((Op::MatMul { a: self.id, b: b.id, ta, tb }, so, out))
@@ -86,7 +87,8 @@ impl<'s, T: Float> Var<'s, T> {
             let mut dims = sx.to_array();
             dims[r_x - 1] = n;
             let so = r.shape_of(sx, &dims[..r_x])?;
-            let out = r.alloc(so.numel())?;
+            // Every row is the bias before the product adds into it.
+            let out = r.alloc_written(so.numel())?;
             let profile = r.tape.profile;
             linear_into(out, r.value(self.id), r.value(w.id), r.value(b.id), (k, n), (par, profile));
             Ok((Op::Linear { x: self.id, w: w.id, b: b.id }, so, r.hold_for_reader(out)))

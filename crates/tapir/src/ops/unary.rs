@@ -90,7 +90,7 @@ fn record_long<'s, T: Float>(r: &Rec<'_, 's, T>, x: &[T], f: impl Fn(T) -> T) ->
     if x.len() < kernels::simd::MIN_LEN {
         return r.alloc_iter(x.iter().map(move |&v| f(v)));
     }
-    let out = r.alloc(x.len())?;
+    let out = r.alloc_written(x.len())?;
     kernels::map(x, out, f);
     Ok(out)
 }
@@ -121,7 +121,7 @@ fn record_large<'s, T: Float>(
     threads: Par,
     f: impl Fn(T) -> T + Sync,
 ) -> Result<&'s mut [T]> {
-    let out = r.alloc(x.len())?;
+    let out = r.alloc_written(x.len())?;
     par::map(threads, x, out, f);
     Ok(out)
 }
@@ -390,10 +390,11 @@ pub(crate) fn backward<'s, T: Float>(
     Ok(())
 }
 
-/// [`backward`] where it makes `x`'s first gradient, on more than [`FIRST_MIN`] elements:
-/// builds the buffer in one pass instead of zeroing it and adding to it (see
-/// [`BackwardCtx::first_grad_slot`]). `false` if it did nothing. Out of line, so that the
-/// short path stays as short as it was.
+/// [`backward`] on more than [`FIRST_MIN`] elements: builds `x`'s first gradient in one
+/// pass instead of zeroing it and adding to it (see [`BackwardCtx::first_grad_slot`]), or,
+/// where that does not apply, on [`par::MIN_PARALLEL`] elements or more writes a first
+/// gradient over the threads and adds any other. `false` if it did nothing. Out of line,
+/// so that the short path stays as short as it was.
 #[inline(never)]
 fn backward_first<'s, T: Float>(
     ctx: &mut BackwardCtx<'_, 's, T>,
@@ -402,11 +403,21 @@ fn backward_first<'s, T: Float>(
     x: NodeId<'s>,
     c: [T; 2],
 ) -> Result<bool> {
-    let tape = ctx.tape;
-    let Some((dout, first)) = ctx.first_grad_slot(out, x) else {
+    let (tape, par) = (ctx.tape, ctx.par);
+    if let Some((dout, first)) = ctx.first_grad_slot(out, x) {
+        f.derivative(c, FirstGrad { first, x: tape.value(x), y: tape.value(out), dout })?;
+        return Ok(true);
+    }
+    if ctx.grads[out].as_deref().map_or(0, <[T]>::len) < par::MIN_PARALLEL {
         return Ok(false);
-    };
-    f.derivative(c, FirstGrad { first, x: tape.value(x), y: tape.value(out), dout })?;
+    }
+    match ctx.grad_pair_write(out, x)? {
+        Some((dout, dx, true)) => {
+            f.derivative(c, par::WriteGrad { x: tape.value(x), y: tape.value(out), dout, dx, par })
+        }
+        Some((dout, dx, false)) => f.derivative(c, Grad { tape, x, y: out, dout, dx, par }),
+        None => {}
+    }
     Ok(true)
 }
 

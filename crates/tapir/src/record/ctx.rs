@@ -46,6 +46,13 @@ impl<'s, T: Float> Rec<'_, 's, T> {
         self.arena.alloc_zeroed(n).map_err(|e| self.alloc_err(e))
     }
 
+    /// A slice of `n` elements that the op writes whole before anything reads it: its
+    /// values are unspecified until then (an earlier scope's, in a warmed-up arena; see
+    /// [`Arena::alloc_stale`]), so no zero fill precedes the kernel's own pass.
+    pub fn alloc_written(&self, n: usize) -> Result<&'s mut [T]> {
+        self.arena.alloc_stale(n).map_err(|e| self.alloc_err(e))
+    }
+
     /// A slice filled from an exact-size iterator, in one pass.
     #[inline]
     pub fn alloc_iter<I>(&self, iter: I) -> Result<&'s mut [T]>
@@ -403,7 +410,7 @@ impl<'a, 's, T: Float> BackwardCtx<'a, 's, T> {
             let n = node.shape.numel();
             let g = match self.spare.as_deref_mut().and_then(|r| reuse(r, &self.tape.lent_grads, input, n, None)) {
                 Some(g) => g,
-                None => zeroed(self.arena, n, self.location)?,
+                None => self.arena.alloc_stale(n).map_err(|e| alloc_error(e, "backward", self.location))?,
             };
             *slot = Some(g);
         }

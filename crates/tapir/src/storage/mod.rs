@@ -6,11 +6,21 @@
 //! the borrow checker proves that no slice handed out by `alloc_*` survives it.
 //!
 //! Handing out slices below [`FILL_DOWN`] bytes needs no `unsafe`: bumpalo gives
-//! `&'a mut [T]` through `&'a Bump`. Four of the engine's `unsafe` sites are here:
-//! [`fill_down`] fills larger slices from their last cache line down, [`zero_split`]
-//! zeroes large ones over several threads, [`fill_from`] writes an iterator's values
-//! straight into a larger slice, and [`heap`] asks glibc to give the pages of chunks the
-//! arena has freed back to the system.
+//! `&'a mut [T]` through `&'a Bump`. The engine's other `unsafe` sites are here:
+//! [`Arena::reserve_raw`] reserves larger slices without writing them, [`fill_down`]
+//! fills them from their last cache line down, [`zero_split`] zeroes large ones over
+//! several threads, [`fill_from`] writes an iterator's values straight into a larger
+//! slice, [`Arena::alloc_stale`] hands out a primed chunk's memory as it is, and [`heap`]
+//! asks glibc to give the pages of chunks the arena has freed back to the system.
+//!
+//! Primed chunks: when a scope ends, the one chunk the arena keeps is zeroed whole once
+//! (see [`Arena::prime`]) unless it already was. Every byte of it is initialised from then
+//! on: slices are reserved without writing (never by copying `MaybeUninit::uninit()`
+//! into them) and filled with whole `Pod` values, which have no padding bytes. So a slice
+//! that the caller overwrites whole (an op's output, a first gradient) can be handed out
+//! holding an earlier scope's values, with no pass over it first; a zero fill before the
+//! kernel's own pass was a second trip through memory for every output larger than the
+//! caches (10% of a 1-thread W11 step, `perf`).
 //!
 //! Warm-up: bumpalo keeps only its largest chunk on reset. If an iteration needed several
 //! chunks, [`Arena::reset`] replaces them with one chunk of their total size, so from the
@@ -83,6 +93,19 @@ pub(crate) struct Arena {
     streak_max: usize,
     /// Threads for zero fills of [`FILL_SPLIT`] bytes or more: the open scope's.
     fill_threads: Cell<usize>,
+    /// The top of the bump's chunk that [`Arena::prime`] zeroed, if the bump has not been
+    /// replaced since.
+    primed: Option<Primed>,
+}
+
+/// The part of a chunk that [`Arena::prime`] zeroed: the top `len` bytes, from address
+/// `lo` up, of the one chunk the bump had when its `allocated_bytes()` was `total` (the
+/// same value later means no chunk was added, as the bump is never trimmed in between).
+#[derive(Debug, Clone, Copy)]
+struct Primed {
+    total: usize,
+    lo: usize,
+    len: usize,
 }
 
 impl Arena {
@@ -98,6 +121,7 @@ impl Arena {
             small_streak: 0,
             streak_max: 0,
             fill_threads: Cell::new(1),
+            primed: None,
         }
     }
 
@@ -162,9 +186,7 @@ impl Arena {
     /// that the small path, inlined into every op's recording and backward, stays short.
     #[inline(never)]
     fn alloc_fill_down<T: Pod>(&self, len: usize, value: T, requested: usize) -> Result<&mut [T], AllocFail> {
-        // Copying `uninit` stores nothing: this only reserves the slice.
-        let raw = self.bump.try_alloc_slice_fill_copy(len, MaybeUninit::uninit());
-        let raw = raw.map_err(|_| AllocFail::Oom { requested })?;
+        let raw = self.reserve_raw(len, requested)?;
         let threads = self.fill_threads.get();
         let out = if threads > 1 && requested >= FILL_SPLIT && bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
             zero_split(raw, threads)
@@ -203,15 +225,102 @@ impl Arena {
     #[inline]
     fn alloc_iter_long<T: Pod>(&self, iter: impl Iterator<Item = T>, len: usize) -> Result<&mut [T], AllocFail> {
         let requested = self.reserve(len, std::mem::size_of::<T>())?;
-        // Copying `uninit` stores nothing: this only reserves the slice.
-        let raw = self.bump.try_alloc_slice_fill_copy(len, MaybeUninit::uninit());
-        let out = fill_from(raw.map_err(|_| AllocFail::Oom { requested })?, iter);
+        let out = fill_from(self.reserve_raw(len, requested)?, iter);
         self.commit(requested);
         Ok(out)
     }
 
+    /// Room for `len` elements (`requested` bytes), not written: whatever the memory held
+    /// stays there (a store of `MaybeUninit::uninit()` would make it uninitialised again).
+    // An arena hands out disjoint `&mut` slices through `&self`, as bumpalo does.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    fn reserve_raw<T: Pod>(&self, len: usize, requested: usize) -> Result<&mut [MaybeUninit<T>], AllocFail> {
+        let layout = std::alloc::Layout::array::<T>(len).map_err(|_| AllocFail::Oom { requested })?;
+        let ptr = self.bump.try_alloc_layout(layout).map_err(|_| AllocFail::Oom { requested })?;
+        // SAFETY: bumpalo hands out `layout` (`len` elements of `T`, aligned for `T`) at
+        // `ptr`, overlapping no other allocation until `reset`, which takes `&mut self`, so
+        // the slice's lifetime, tied to `&self`, ends first; `MaybeUninit<T>` may hold any
+        // bytes.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr().cast::<MaybeUninit<T>>(), len) })
+    }
+
+    /// A slice of `len` elements whose values are unspecified: the caller writes every
+    /// one before anything reads it (an op's output that its kernel writes whole, a first
+    /// gradient). Large slices from the primed part of the chunk keep an earlier scope's
+    /// values, with no pass over them (debug builds set those to all-one bytes, NaN for
+    /// floats, so that an element the caller leaves unwritten shows in tests); the others
+    /// are zeroed.
+    #[inline]
+    pub(crate) fn alloc_stale<T: Pod>(&self, len: usize) -> Result<&mut [T], AllocFail> {
+        let requested = self.reserve(len, std::mem::size_of::<T>())?;
+        if requested < FILL_DOWN {
+            return self.alloc_zeroed(len);
+        }
+        self.alloc_stale_large(len, requested)
+    }
+
+    #[inline(never)]
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    fn alloc_stale_large<T: Pod>(&self, len: usize, requested: usize) -> Result<&mut [T], AllocFail> {
+        let raw = self.reserve_raw::<T>(len, requested)?;
+        self.commit(requested);
+        let total = self.bump.allocated_bytes();
+        if !self.primed.is_some_and(|p| p.total == total && raw.as_ptr() as usize >= p.lo) {
+            let threads = self.fill_threads.get();
+            return Ok(if threads > 1 && requested >= FILL_SPLIT {
+                zero_split(raw, threads)
+            } else {
+                fill_bytes(raw, 0)
+            });
+        }
+        if cfg!(debug_assertions) {
+            return Ok(fill_bytes(raw, 0xff));
+        }
+        let (ptr, len) = (raw.as_mut_ptr().cast::<T>(), raw.len());
+        // SAFETY: `allocated_bytes` is what it was when `prime` zeroed the top of the
+        // bump's one chunk (a new chunk would have raised it, and `primed` is cleared
+        // whenever the bump is replaced), so `raw` lies in that chunk, at or above `lo`:
+        // in the part `prime` zeroed. Every byte there has been initialised since: `prime`
+        // wrote all of them, and afterwards they are written only with whole `Pod` values
+        // (no padding bytes), reservations writing nothing (`reserve_raw`); any bytes are
+        // a valid `T` (`Pod`); `MaybeUninit<T>` has `T`'s layout; the slice reborrows
+        // `raw` mutably, so nothing else reaches it.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// Zeroes the top `want` bytes of the bump's one chunk (all of it if smaller), where a
+    /// scope's slices go first, so that [`alloc_stale`](Self::alloc_stale) can hand that
+    /// memory out as it is. Only the part a scope used is zeroed: the chunk's slack stays
+    /// untouched, out of the resident set. Once per chunk and size: a no-op if that much
+    /// is primed already. The bump must have been reset, so that its whole chunk is free.
+    fn prime(&mut self, want: usize) {
+        let total = self.bump.allocated_bytes();
+        let free = self.bump.chunk_capacity();
+        let want = want.min(free);
+        if self.primed.is_some_and(|p| p.total == total && p.len >= want) || want < FILL_DOWN {
+            return;
+        }
+        self.primed = None;
+        let Ok(raw) = self.reserve_raw::<u8>(free, free) else { return };
+        let top = &mut raw[free - want..];
+        let lo = top.as_ptr() as usize;
+        let threads = self.fill_threads.get();
+        if threads > 1 && want >= FILL_SPLIT {
+            zero_split(top, threads);
+        } else {
+            fill_bytes(top, 0);
+        }
+        // Primed only if that was the whole free space of the same chunk.
+        let whole = self.bump.allocated_bytes() == total && self.bump.chunk_capacity() == 0;
+        self.bump.reset();
+        if whole {
+            self.primed = Some(Primed { total, lo, len: want });
+        }
+    }
+
     /// Frees everything at once. O(1) after warm-up: a `Pod`-only arena has nothing to drop.
     pub(crate) fn reset(&mut self) {
+        let used = self.in_use.get();
         let total = self.bump.allocated_bytes();
         self.bump.reset();
         if self.bump.allocated_bytes() < total {
@@ -224,9 +333,11 @@ impl Arena {
             let capacity = slack(self.in_use.get()).min(total);
             if let Ok(bump) = Bump::try_with_capacity(capacity) {
                 self.bump = bump;
+                self.primed = None;
             }
             heap::return_freed_pages();
         }
+        self.prime(used);
         self.resets += 1;
         self.in_use.set(0);
     }
@@ -260,6 +371,8 @@ impl Arena {
             return false;
         }
         self.bump = Bump::try_with_capacity(target).unwrap_or_else(|_| Bump::new());
+        self.primed = None;
+        self.prime(target);
         heap::return_freed_pages();
         self.releases += 1;
         true
@@ -269,6 +382,7 @@ impl Arena {
     pub(crate) fn shrink_to_fit(&mut self) {
         self.reset();
         self.bump = Bump::new();
+        self.primed = None;
         heap::return_freed_pages();
         self.small_streak = 0;
         self.streak_max = 0;
@@ -365,6 +479,20 @@ fn zero_split<T: Pod>(out: &mut [MaybeUninit<T>], threads: usize) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), len) }
 }
 
+/// `out` with every byte set to `byte`, viewed as initialised: all-zero and all-one bytes
+/// are a valid `T` for every `Pod` type, as any bytes are.
+#[allow(unsafe_code)]
+fn fill_bytes<T: Pod>(out: &mut [MaybeUninit<T>], byte: u8) -> &mut [T] {
+    let (ptr, len, bytes) = (out.as_mut_ptr(), out.len(), std::mem::size_of_val(out));
+    // SAFETY: the same memory as `out`, viewed as bytes, which `MaybeUninit<u8>` may hold
+    // in any state; it reborrows `out` mutably, so nothing else reaches it.
+    let raw = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<MaybeUninit<u8>>(), bytes) };
+    raw.fill(MaybeUninit::new(byte));
+    // SAFETY: every byte of `out` was just written; any bytes are a valid `T` (`Pod`);
+    // `MaybeUninit<T>` has `T`'s layout; `raw` is not used again.
+    unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), len) }
+}
+
 /// Room for `used` bytes, plus alignment padding and slack.
 fn slack(used: usize) -> usize {
     used.saturating_add(used / 16).saturating_add(64 * 1024)
@@ -421,111 +549,4 @@ fn fill_loop<T: Pod>(out: &mut [MaybeUninit<T>], iter: impl Iterator<Item = T>) 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limit_is_an_error_and_reset_frees() {
-        let mut a = Arena::new();
-        a.set_limit(Some(64));
-        assert_eq!(a.alloc_zeroed::<f32>(8).unwrap().len(), 8);
-        let e = a.alloc_zeroed::<f64>(8).unwrap_err();
-        assert_eq!(e, AllocFail::Limit { requested: 64, in_use: 32, limit: 64 });
-        a.reset();
-        assert_eq!(a.stats().bytes_in_use, 0);
-        assert_eq!(a.alloc_fill::<f64>(8, 2.0).unwrap()[7], 2.0);
-        assert_eq!(a.stats().high_water, 64);
-    }
-
-    #[test]
-    fn large_fills_write_every_element() {
-        let mut a = Arena::new();
-        // Leave other values in the memory the fills below reuse, so a skipped element shows.
-        for _ in 0..2 {
-            a.alloc_fill::<f64>(40_000, 9.0).unwrap();
-            a.reset();
-        }
-        for len in [255, 256, 257, 1000, 4099] {
-            let f = a.alloc_fill::<f32>(len, 1.5).unwrap();
-            assert_eq!(f.len(), len);
-            assert!(f.iter().all(|&v| v == 1.5), "f32, {len} elements");
-            let z = a.alloc_zeroed::<f64>(len).unwrap();
-            assert!(z.iter().all(|&v| v.to_bits() == 0), "f64, {len} elements");
-            let b = a.alloc_fill::<[u8; 96]>(len / 8, [7; 96]).unwrap();
-            assert!(b.iter().all(|e| e.iter().all(|&v| v == 7)), "96-byte elements");
-        }
-        // An iterator fill of a large slice writes each element once, into reused memory.
-        a.reset();
-        a.alloc_fill::<f32>(40_000, 9.0).unwrap();
-        a.reset();
-        let it = a.alloc_iter((0..3000).map(|i| i as f32)).unwrap();
-        assert!(it.iter().enumerate().all(|(i, &v)| v == i as f32));
-    }
-
-    #[test]
-    fn split_zero_fills_write_every_element_at_any_thread_count() {
-        use crate::kernels::par::{CHUNK, MIN_PARALLEL};
-        // Zeros over the threads; any other value from the top down, on one.
-        let mut a = Arena::new();
-        for threads in [1, 2, 3, 16] {
-            for len in [MIN_PARALLEL - 1, MIN_PARALLEL, MIN_PARALLEL + 1, 5 * CHUNK + 7, 200_003] {
-                // Dirty memory first, so that a skipped element shows.
-                a.reset();
-                a.alloc_fill::<f64>(len + 64, f64::NAN).unwrap();
-                a.reset();
-                a.set_fill_threads(threads);
-                let z = a.alloc_zeroed::<f64>(len).unwrap();
-                assert_eq!(z.len(), len);
-                assert!(z.iter().all(|&v| v.to_bits() == 0), "{threads} threads, {len} elements");
-                let used = a.stats().bytes_in_use;
-                assert!(used >= len * 8, "charged to the arena: {used} bytes for {len} elements");
-                let f = a.alloc_fill::<f32>(len, -2.5).unwrap();
-                assert!(f.iter().all(|&v| v == -2.5), "{threads} threads, {len} elements of -2.5");
-            }
-        }
-    }
-
-    /// An iterator that says it has more elements than it yields.
-    struct Short(std::ops::Range<u32>, usize);
-
-    impl Iterator for Short {
-        type Item = f32;
-        fn next(&mut self) -> Option<f32> {
-            self.0.next().map(|i| i as f32 + 1.0)
-        }
-    }
-
-    impl ExactSizeIterator for Short {
-        fn len(&self) -> usize {
-            self.1
-        }
-    }
-
-    /// A safe `ExactSizeIterator` may overstate its length: what it leaves unwritten is
-    /// zero, never the stale values of reused memory.
-    #[test]
-    fn short_iterators_leave_zeros_not_stale_memory() {
-        let mut a = Arena::new();
-        a.alloc_fill::<f32>(10_000, 7.0).unwrap();
-        a.reset();
-        let out = a.alloc_iter(Short(0..100, 500)).unwrap();
-        assert_eq!(out.len(), 500);
-        assert!(out[..100].iter().enumerate().all(|(i, &v)| v == i as f32 + 1.0));
-        assert!(out[100..].iter().all(|&v| v.to_bits() == 0));
-    }
-
-    #[test]
-    fn reset_consolidates_chunks() {
-        let mut a = Arena::new();
-        for _ in 0..100 {
-            a.alloc_zeroed::<f32>(1000).unwrap();
-        }
-        a.reset();
-        let cap = a.stats().capacity;
-        assert!(cap >= 400_000, "one chunk holds the whole iteration, got {cap}");
-        for _ in 0..100 {
-            a.alloc_zeroed::<f32>(1000).unwrap();
-        }
-        assert_eq!(a.stats().capacity, cap, "second iteration needs no new chunk");
-    }
-}
+mod tests;

@@ -78,19 +78,23 @@ fn index_payloads_count_against_the_arena_limit() {
 /// Bits of the loss and of every leaf's gradient after one scope of a program whose ops
 /// write their outputs and first gradients whole into buffers the arena does not clear
 /// (`Arena::alloc_stale`): large unary and binary maps (broadcast too), `linear`,
-/// `matmul`, a convolution and its pooling, each at sizes on both sides of the parallel
-/// threshold.
+/// `matmul`, a convolution and its pooling, layer norm, attention (causal and not) and
+/// softmax, at sizes on both sides of the parallel threshold.
 fn warm_program(g: &mut Graph<f32>, leaves: &[Tensor<f32>]) -> Vec<Vec<u32>> {
     g.scope(|s| {
         let l: Vec<_> = leaves.iter().map(|t| s.leaf(t)).collect();
         let (x, w, bias, col, img, k, small) = (l[0], l[1], l[2], l[3], l[4], l[5], l[6]);
+        let (wn, bn) = (l[7], l[8]);
         let h = x.linear(w, bias);
         let a = h.gelu() * h.tanh() + bias;
         let b = (a * col).exp().sqrt() - h;
         let c = b.matmul(w).relu();
         let conv = img.conv2d(k, [1, 1], [1, 1]).relu().max_pool2d([2, 2], [2, 2], [0, 0]);
         let t = small.sigmoid() * small.tanh() + small.gelu();
-        let loss = c.sum() + conv.square().sum() + t.sum();
+        // Attention over `[8, 32, 3·16]` (4 heads), causal and not; softmax; layer norm.
+        let qkv = x.reshape(&[8, 32, 160]).narrow(2, 0, 48).layer_norm(wn, bn, 1e-5);
+        let att = qkv.attention_weights(4, true).attend(qkv) + qkv.attention_weights(4, false).attend(qkv);
+        let loss = c.sum() + conv.square().sum() + t.sum() + (att * att.softmax(-1)).sum();
         s.backward(loss).unwrap();
         let mut bits = vec![vec![loss.item().unwrap().to_bits()]];
         bits.extend(l.iter().map(|v| v.grad().unwrap().iter().map(|e| e.to_bits()).collect()));
@@ -99,7 +103,8 @@ fn warm_program(g: &mut Graph<f32>, leaves: &[Tensor<f32>]) -> Vec<Vec<u32>> {
 }
 
 fn warm_leaves(seed: u64) -> Vec<Tensor<f32>> {
-    let dims: [&[usize]; 7] = [&[256, 160], &[160, 160], &[160], &[256, 1], &[8, 3, 10, 10], &[6, 3, 3, 3], &[16, 40]];
+    let dims: [&[usize]; 9] =
+        [&[256, 160], &[160, 160], &[160], &[256, 1], &[8, 3, 10, 10], &[6, 3, 3, 3], &[16, 40], &[48], &[48]];
     dims.iter()
         .enumerate()
         .map(|(i, d)| {

@@ -73,7 +73,7 @@ impl<'s, T: Float> Var<'s, T> {
                 )));
             };
             let so = r.shape_of(sx, &[dims.b, heads, dims.t, dims.t])?;
-            let out = r.alloc(so.numel())?;
+            let out = r.alloc_written(so.numel())?;
             kattn::weights(par, dims, r.value(self.id), causal, out);
             Ok((Op::AttentionWeights { qkv: self.id, heads: heads as u32 }, so, &*out))
         })
@@ -102,7 +102,7 @@ impl<'s, T: Float> Var<'s, T> {
                 )));
             };
             let so = r.shape_of(sx, &[dims.b, dims.t, dims.h * dims.d])?;
-            let out = r.alloc(so.numel())?;
+            let out = r.alloc_written(so.numel())?;
             kattn::attend(par, dims, r.value(self.id), r.value(qkv.id), out);
             Ok((Op::Attend { p: self.id, qkv: qkv.id }, so, &*out))
         })

@@ -47,7 +47,7 @@ impl<'s, T: Float> Var<'s, T> {
                     "x {sx}, w {sw}, b {sb}, eps {eps}: needs x [..., C] of rank >= 1, w and b [C], and a finite eps >= 0"
                 )));
             }
-            let out = r.alloc(sx.numel())?;
+            let out = r.alloc_written(sx.numel())?;
             let eps = T::from_f64(eps);
             norm::forward(par, r.value(self.id), r.value(w.id), r.value(b.id), eps, out);
             let first = r.store_ids([self.id, w.id, b.id])?;

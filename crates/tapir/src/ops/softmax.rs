@@ -21,7 +21,7 @@ impl<'s, T: Float> Var<'s, T> {
         self.core.record(kind, |r| {
             let shape = r.shape(self.id);
             let ax = r.axis(shape, axis)?;
-            let out = r.alloc(shape.numel())?;
+            let out = r.alloc_written(shape.numel())?;
             par::softmax_axis(self.core.par, r.value(self.id), shape.split_at_axis(ax), out, log);
             let op = if log {
                 Op::LogSoftmax { x: self.id, axis: ax as u8 }

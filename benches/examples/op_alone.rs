@@ -1,8 +1,11 @@
 //! One op at a time, at the sizes W8 and W10 run it, outside a training step: the op's
 //! own forward and backward-rule time from [`Graph::set_profiling`](tapir::Graph::set_profiling),
-//! median over the runs, with its operands hot in cache and cold (the calling thread writes
-//! 64 MiB before each run, as the rest of a step does). Set beside the per-op rows of
-//! `op_profile`, it tells what an op's split gains alone from what it loses inside a step.
+//! median over the runs, in three modes: `hot`, runs back to back; `idle`, the calling
+//! thread sleeps 2 ms before each run, so that idle pool threads go to sleep too and the
+//! op's first parallel region wakes them; `cold`, the calling thread writes 64 MiB before
+//! each run, which evicts the operands, as the rest of a step does (and takes long enough
+//! for the pool to fall asleep). Set beside the per-op rows of `op_profile`, it tells what
+//! an op's split gains alone from what it loses inside a step.
 //!
 //! ```sh
 //! cargo build --release -p benches --example op_alone
@@ -10,7 +13,7 @@
 //! target/release/examples/op_alone 2
 //! ```
 //!
-//! Prints `case op hot|cold forward-µs backward-µs` per line.
+//! Prints `case op mode forward-µs backward-µs` per line, tab-separated.
 
 use tapir::{Graph, Tensor, Var};
 
@@ -51,10 +54,13 @@ fn main() {
     let mut junk = vec![0u8; 64 << 20];
     for (name, op, shapes, program) in CASES {
         let leaves: Vec<Tensor<f32>> = shapes.iter().enumerate().map(|(i, s)| leaf(s, i)).collect();
-        for cold in [false, true] {
+        for mode in ["hot", "idle", "cold"] {
             let (mut fwd, mut bwd) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
             for run in 0..runs + 3 {
-                if cold {
+                if mode == "idle" {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                if mode == "cold" {
                     junk.iter_mut().step_by(64).for_each(|b| *b = b.wrapping_add(run as u8 | 1));
                 }
                 g.set_profiling(run >= 3);
@@ -71,7 +77,6 @@ fn main() {
                     bwd.push(row.backward.as_secs_f64() * 1e6);
                 }
             }
-            let mode = if cold { "cold" } else { "hot" };
             println!("{name}\t{op}\t{mode}\t{:.1}\t{:.1}", median(fwd), median(bwd));
         }
     }

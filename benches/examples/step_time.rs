@@ -10,7 +10,8 @@
 //! Workloads: W1 (seed loop), W2 (MLP step), W7 (Hessian-vector product), W8, W8C (deep
 //! MLP, plain and checkpointed), W10 (character GPT step), W11 (digits CNN step). Prints
 //! `WORKLOAD threads T: MEDIAN ms/step (median of N) peak RSS M MiB`; the first steps warm
-//! up (W8 and W8C: 2, the others 3) and are not counted.
+//! up (W8 and W8C: 2, the others 3) and are not counted. `SPIN_WAIT=0` turns the pool's
+//! spin-waiting off ([`tapir::set_spin_wait`]).
 
 use std::time::Instant;
 
@@ -25,6 +26,9 @@ fn main() {
     };
     let threads: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     tapir::init_threads(threads).expect("no parallel work before this");
+    if std::env::var("SPIN_WAIT").is_ok_and(|v| v == "0") {
+        tapir::set_spin_wait(false);
+    }
     let mut g = benches::graph(threads);
     let (mut step, warm, default_steps): (Step, usize, usize) = match name.as_str() {
         "W1" => {

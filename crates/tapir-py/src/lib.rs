@@ -23,6 +23,15 @@ fn init_threads(py: Python<'_>, threads: usize) -> PyResult<usize> {
     tapir::init_threads(threads).map_err(|e| errors::engine(py, &e))
 }
 
+/// Turns the pool's spin-waiting on or off (on by default where `init_threads` gave the pool
+/// no more threads than cores): idle pool threads spin for up to 1 ms between a graph's
+/// parallel ops instead of sleeping. Returns whether it was on. Off where other processes
+/// need the cores; results are the same either way.
+#[pyfunction]
+fn set_spin_wait(on: bool) -> bool {
+    tapir::set_spin_wait(on)
+}
+
 /// The native module.
 #[pymodule(gil_used = true)]
 fn _tapir(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -39,5 +48,6 @@ fn _tapir(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(params::adamw, m)?)?;
     m.add_function(wrap_pyfunction!(params::clip_grad_norm, m)?)?;
     m.add_function(wrap_pyfunction!(init_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(set_spin_wait, m)?)?;
     Ok(())
 }

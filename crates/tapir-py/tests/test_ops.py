@@ -666,6 +666,7 @@ ELSEWHERE = {
     "GradBuffer": "test_train::test_backward_into_accumulates",
     "Optimizer": "test_train::test_sgd_step_matches_closed_form",
     "init_threads": "test_train::test_init_threads_in_a_fresh_process",
+    "set_spin_wait": "test_train::test_init_threads_in_a_fresh_process",
     "nn": "test_train::test_mlp_reaches_97_percent_on_digits",
     "optim": "test_train::test_sgd_step_matches_closed_form",
     "TapirError": "test_scope::test_every_exception_derives_from_its_builtin",

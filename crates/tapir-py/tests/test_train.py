@@ -317,10 +317,19 @@ def test_init_threads_in_a_fresh_process():
         "    tapir.init_threads(3)\n"
         "except tapir.ArgumentError as e:\n"
         "    print('again:', type(e).__name__)\n"
+        "import os\n"
+        "print(tapir.set_spin_wait(False) == (2 <= len(os.sched_getaffinity(0))))\n"
+        "with g.scope() as s:\n"
+        "    x = s.leaf(np.ones((128, 128), np.float32))\n"
+        "    print((x @ x).sum().item())\n"
+        "print(tapir.set_spin_wait(True))\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split("\n")[:3] == ["2", str(128.0**3), "again: ArgumentError"]
+    lines = p.stdout.split("\n")
+    assert lines[:3] == ["2", str(128.0**3), "again: ArgumentError"]
+    # init_threads turned spin-waiting on where 2 threads fit the cores; off, same result.
+    assert lines[3:6] == ["True", str(128.0**3), "False"]
 
 
 def test_gpt_example_learns():

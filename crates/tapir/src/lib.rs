@@ -80,7 +80,7 @@ pub use tape::id::NodeId;
 pub use tape::op::OpKind;
 pub use tape::profile::{OpTime, Profile};
 pub use tensor::Tensor;
-pub use threads::{init_threads, pool_threads, MAX_THREADS};
+pub use threads::{init_threads, pool_threads, set_spin_wait, MAX_THREADS};
 
 /// The README's examples, compiled and run as doctests so that they cannot drift.
 #[cfg(doctest)]

@@ -7,7 +7,8 @@
 //! the API, to [`MAX_THREADS`].
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use faer::Par;
 
@@ -84,7 +85,88 @@ pub fn init_threads(threads: usize) -> Result<usize> {
         }
     })?;
     POOL.store(n, Ordering::Relaxed);
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    SPIN.store(n <= cores, Ordering::Relaxed);
     Ok(n)
+}
+
+/// Whether the pool's idle threads wait for a graph's next split spinning
+/// ([`keep_awake`]): set by [`init_threads`] when the pool has no more threads than the
+/// machine has cores, so that a spinning thread never takes a core the work needs, and by
+/// [`set_spin_wait`].
+static SPIN: AtomicBool = AtomicBool::new(false);
+
+/// Turns spin-waiting on or off and returns whether it was on. While it is on, a graph
+/// with `n > 1` threads run on a pool thread keeps `n − 1` of the pool's other threads
+/// spinning between its parallel ops, for up to 1 ms after the last, instead of letting
+/// them sleep and paying 40–190 µs to wake one at its next split (OpenMP's spin-wait
+/// does the same for PyTorch). [`init_threads`] turns it on when the pool has no more
+/// threads than the machine has cores. Turn it off where other processes need the cores
+/// the pool's idle threads would spin on, as several MPI ranks on one machine do; results
+/// are the same either way.
+///
+/// ```
+/// let was_on = tapir::set_spin_wait(false); // idle pool threads sleep at once
+/// tapir::set_spin_wait(was_on);
+/// ```
+pub fn set_spin_wait(on: bool) -> bool {
+    SPIN.swap(on, Ordering::Relaxed)
+}
+
+/// How many [`linger`] jobs are queued or running.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a lingering pool thread waits for work after its last job before it goes
+/// back to rayon's idle loop (which sleeps after a few dozen yields, some 50 µs).
+const LINGER: Duration = Duration::from_millis(1);
+
+/// Keeps up to `threads − 1` of the pool's other threads awake while a graph on the
+/// calling pool thread runs, as OpenMP's spin-wait keeps PyTorch's: each takes a
+/// [`linger`] job that runs the pool's pending work and spins between jobs, for up to
+/// [`LINGER`] after the last. Waking a sleeping pool thread costs the split that needs it
+/// 40–190 µs on the 2-core development guest (`benches/examples/op_alone`, mode `idle`),
+/// and a W11 step at 2 threads let its helper fall asleep some 19 times.
+///
+/// Only on a pool thread, with [`SPIN`] set; a job is spawned (one allocation) only for a
+/// linger that ended, so a loop of steps closer together than [`LINGER`] spawns none
+/// once warm. Results do not change: lingering threads run the same pieces of the same
+/// splits, which depend on shapes alone.
+pub(crate) fn keep_awake(threads: usize) {
+    if threads < 2 || !SPIN.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(me) = rayon::current_thread_index() else {
+        return;
+    };
+    let want = threads.min(POOL.load(Ordering::Relaxed)) - 1;
+    let mut have = LINGERING.load(Ordering::Relaxed);
+    while have < want {
+        match LINGERING.compare_exchange_weak(have, have + 1, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {
+                rayon::spawn(move || linger(me));
+                have += 1;
+            }
+            Err(now) => have = now,
+        }
+    }
+}
+
+/// Runs the pool's pending work, spinning between jobs, until none has come for
+/// [`LINGER`]. On the thread that spawned it (`spawner`), which took it back while
+/// waiting inside a split of its own, it returns at once: that thread has its graph to
+/// run.
+fn linger(spawner: usize) {
+    if rayon::current_thread_index() != Some(spawner) {
+        let mut last = Instant::now();
+        loop {
+            match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => last = Instant::now(),
+                _ if last.elapsed() >= LINGER => break,
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+    LINGERING.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// faer's parallelism for `threads` (1: the calling thread; 0: every thread of rayon's

@@ -1,6 +1,6 @@
 //! `init_threads`: the calling thread becomes one of rayon's global pool, graphs split
 //! over it give the bits of one thread, a second call is a typed error, and work sent from
-//! other threads still runs. One test, because the global pool is the process's: the
+//! other threads still runs, with the pool's idle threads spin-waiting or not. One test, because the global pool is the process's: the
 //! harness must not have started it from another test first. No libtest harness
 //! (`harness = false` in Cargo.toml): `main` calls `init_threads`, as a program does. Under
 //! libtest the test ran on a spawned thread that exited while it was still the pool's
@@ -46,6 +46,19 @@ fn the_calling_thread_joins_the_pool_and_results_keep_their_bits() {
     let text = err.to_string();
     assert!(text.contains("3 threads") && text.contains(&format!("threads.rs:{line}")), "{text}");
     assert_eq!(rayon::current_num_threads(), 2, "a refused call changes nothing");
+
+    // Spin-waiting is on where the pool has no more threads than the machine has cores;
+    // a graph on a pool thread leaves the other thread lingering after it, which must
+    // neither change a result nor keep a graph run on that thread from finishing.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    assert_eq!(tapir::set_spin_wait(true), 2 <= cores, "init_threads decides from the core count");
+    for _ in 0..20 {
+        assert_eq!(run(2, &x), serial, "spin-waiting");
+        let (a, b) = rayon::join(|| run(2, &x), || run(2, &x));
+        assert_eq!((a, b), (serial.clone(), serial.clone()), "graphs on both pool threads at once");
+    }
+    assert!(tapir::set_spin_wait(false));
+    assert_eq!(run(2, &x), serial, "without spin-waiting");
 
     // Another thread's parallel work runs on the pool's other thread.
     let other = std::thread::spawn(move || run(2, &x)).join().unwrap();

@@ -30,7 +30,7 @@ from ._errors import (
     TapirMemoryError,
     UnsupportedError,
 )
-from ._tapir import Graph, GradBuffer, NoGrad, Optimizer, ParamStore, Scope, Tensor, Var, init_threads
+from ._tapir import Graph, GradBuffer, NoGrad, Optimizer, ParamStore, Scope, Tensor, Var, init_threads, set_spin_wait
 from . import func, nn, optim
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "GradBuffer",
     "Optimizer",
     "init_threads",
+    "set_spin_wait",
     "func",
     "nn",
     "optim",

@@ -15,6 +15,9 @@ _Axis = int | Sequence[int] | None
 def init_threads(threads: int) -> int:
     """Sets the size of the engine's thread pool (0: one per core); call once, first."""
 
+def set_spin_wait(on: bool) -> bool:
+    """Idle pool threads spin (up to 1 ms) between a graph's parallel ops, or sleep; returns the old setting."""
+
 class Graph:
     """Owns the arena and the tape's buffers; runs one scope at a time."""
     def __init__(self, dtype: _DType | None = None, threads: int | None = None, arena_limit: int | None = None) -> None: ...

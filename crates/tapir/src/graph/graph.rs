@@ -299,6 +299,7 @@ impl<T: Float> Graph<T> {
         (par, anomaly, profile): Settings<'s>,
     ) -> Scope<'s, 'g, T> {
         arena.set_fill_threads(crate::kernels::par::threads(par));
+        crate::threads::keep_awake(crate::kernels::par::threads(par));
         let mut tape = State::from_spare(&mut keep.spare);
         tape.nest = Some(Nest { scratch, par, anomaly, profile });
         tape.step = keep.steps;

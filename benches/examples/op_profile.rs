@@ -15,7 +15,8 @@
 //! Each workload runs its warm-up steps (W8: 2, others 3) before the profile is reset,
 //! then STEPS steps (default W1 10, W2 20, W7 15, W8 4, W10 10, W11 40). Markdown tables
 //! with `--md`. W7's step is one Hessian-vector product (its recorded gradient's ops count
-//! under their own kinds).
+//! under their own kinds). `SPIN_WAIT=0` turns the pool's spin-waiting off
+//! ([`tapir::set_spin_wait`]).
 
 use std::time::{Duration, Instant};
 
@@ -190,6 +191,9 @@ fn print_table(o: &Options, name: &str, p: &Profile, step: Duration, steps: usiz
 fn main() {
     let o = options();
     tapir::init_threads(o.threads).expect("no parallel work before this");
+    if std::env::var("SPIN_WAIT").is_ok_and(|v| v == "0") {
+        tapir::set_spin_wait(false);
+    }
     for name in &o.workloads {
         let mut g = benches::graph(o.threads);
         let (mut step, warm, default_steps) = workload(name);

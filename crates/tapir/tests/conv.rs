@@ -515,7 +515,10 @@ fn pool_against_reference(n: usize, c: usize, h: usize, w: usize) {
     let x = Tensor::from_vec(data.clone(), &[n, c, h, w]).unwrap();
     let (oh, ow) = (h / 2, w / 2);
     let dout: Vec<f64> = (0..n * c * oh * ow).map(|i| 1.0 + (i % 5) as f64).collect();
-    let (mut want, mut want_grad) = (vec![0.0; n * c * oh * ow], vec![0.0; data.len()]);
+    // A second term `Σ e ⊙ x`, recorded after the pooling so that its gradient reaches `x`
+    // first: the pooling then adds to it instead of writing, at each window's maximum only.
+    let e: Vec<f64> = (0..data.len()).map(|i| [0.25, 0.5, -2.0, 3.0][i % 4]).collect();
+    let (mut want, mut want_grad, mut want_sum) = (vec![0.0; n * c * oh * ow], vec![0.0; data.len()], e.clone());
     for p in 0..n * c {
         for (oi, oj) in (0..oh).flat_map(|i| (0..ow).map(move |j| (i, j))) {
             let taps = [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(a, b)| p * h * w + (2 * oi + a) * w + 2 * oj + b);
@@ -528,10 +531,12 @@ fn pool_against_reference(n: usize, c: usize, h: usize, w: usize) {
             let o = (p * oh + oi) * ow + oj;
             want[o] = data[best];
             want_grad[best] += dout[o];
+            want_sum[best] += dout[o];
         }
     }
+    let e = Tensor::from_vec(e, &[n, c, h, w]).unwrap();
     let dout = Tensor::from_vec(dout, &[n, c, oh, ow]).unwrap();
-    for threads in [1, 3] {
+    for (threads, accumulate) in [(1, false), (3, false), (1, true), (3, true)] {
         let mut g = Graph::<f64>::new();
         g.set_threads(threads);
         g.scope(|s| {
@@ -541,9 +546,12 @@ fn pool_against_reference(n: usize, c: usize, h: usize, w: usize) {
             let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
             assert!(got.iter().zip(&want).all(|(&a, &b)| same(a, b)), "{h}×{w}, {threads} threads: values differ");
             // Σ dout ⊙ y, with the NaN outputs' factors taken as they are.
-            s.backward((y * s.input(&dout)).sum()).unwrap();
-            let same_grad = xv.grad().unwrap().iter().zip(&want_grad).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same_grad, "{h}×{w}, {threads} threads: gradients differ");
+            let loss = (y * s.input(&dout)).sum();
+            let (loss, want) =
+                if accumulate { (loss + (xv * s.input(&e)).sum(), &want_sum) } else { (loss, &want_grad) };
+            s.backward(loss).unwrap();
+            let same_grad = xv.grad().unwrap().iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same_grad, "{h}×{w}, {threads} threads, accumulating {accumulate}: gradients differ");
         });
     }
 }

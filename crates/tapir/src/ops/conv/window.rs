@@ -228,27 +228,54 @@ impl Window {
         dx: &mut [T],
         write: bool,
     ) {
-        let (hw, ohw, w) = (self.h * self.w, self.oh * self.ow, self.w);
+        if write {
+            self.max_grad_pairs_as::<T, true>(planes, x, y, dout, dx);
+        } else {
+            self.max_grad_pairs_as::<T, false>(planes, x, y, dout, dx);
+        }
+    }
+
+    /// [`max_grad_pairs`](Window::max_grad_pairs) with `write` known to the compiler. A
+    /// window's maximum is found and routed without a branch (the taps' order decides
+    /// ties, by masks), so the loop does not stall on where each maximum lies.
+    #[inline(always)]
+    fn max_grad_pairs_as<T: Float, const WRITE: bool>(
+        &self,
+        planes: Range<usize>,
+        x: &[T],
+        y: &[T],
+        dout: &[T],
+        dx: &mut [T],
+    ) {
+        let (hw, ohw, w, ow) = (self.h * self.w, self.oh * self.ow, self.w, self.ow);
         for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
-            if write && (self.h % 2 == 1 || w % 2 == 1) {
+            if WRITE && (self.h % 2 == 1 || w % 2 == 1) {
                 dx.fill(T::ZERO);
             }
             let plane = &x[p * hw..(p + 1) * hw];
-            for oi in 0..self.oh {
-                let (top, bottom) = (2 * oi * w, (2 * oi + 1) * w);
-                for oj in 0..self.ow {
-                    let o = p * ohw + oi * self.ow + oj;
-                    let (m, d) = (y[o], dout[o]);
-                    let taps = [top + 2 * oj, top + 2 * oj + 1, bottom + 2 * oj, bottom + 2 * oj + 1];
-                    // The first tap equal to the maximum (the first NaN, for a NaN maximum).
-                    let at = taps.iter().position(|&at| plane[at] == m || (plane[at].is_nan() && m.is_nan()));
-                    if write {
-                        for (t, &i) in taps.iter().enumerate() {
-                            // `0 + d`, the accumulating path's bits (a `-0` becomes `+0`).
-                            dx[i] = if at == Some(t) { T::ZERO + d } else { T::ZERO };
-                        }
-                    } else if let Some(t) = at {
-                        dx[taps[t]] += d;
+            let (yp, dp) = (&y[p * ohw..(p + 1) * ohw], &dout[p * ohw..(p + 1) * ohw]);
+            for ((oi, ym), dm) in yp.chunks_exact(ow).enumerate().zip(dp.chunks_exact(ow)) {
+                for (oj, (&m, &d)) in ym.iter().zip(dm).enumerate() {
+                    // The window's taps are `i`, `i + 1`, `i + w` and `i + w + 1`, all inside
+                    // the plane: `2·oi + 1 < h` and `2·oj + 1 < w`.
+                    let i = 2 * oi * w + 2 * oj;
+                    // The first tap equal to the maximum (the first NaN, for a NaN maximum),
+                    // as an index (4: none) and then an offset: where the maximum lies is
+                    // random, so branches on it would mispredict.
+                    let nan = m.is_nan();
+                    let miss = |v: T| !((v == m) | (v.is_nan() & nan));
+                    let (m0, m1) = (miss(plane[i]), miss(plane[i + 1]));
+                    let (m2, m3) = (miss(plane[i + w]), miss(plane[i + w + 1]));
+                    let at = usize::from(m0)
+                        + usize::from(m0 & m1)
+                        + usize::from(m0 & m1 & m2)
+                        + usize::from(m0 & m1 & m2 & m3);
+                    if WRITE {
+                        [dx[i], dx[i + 1], dx[i + w], dx[i + w + 1]] = [T::ZERO; 4];
+                    }
+                    if at < 4 {
+                        // `0 + d` when writing: the accumulating path's bits (`-0` becomes `+0`).
+                        dx[i + (at & 1) + (at >> 1) * w] += d;
                     }
                 }
             }
@@ -368,7 +395,8 @@ pub(super) fn col2im_into<T: Float>(win: &Window, threads: Par, cols: &[T], imag
 /// earlier stays (the general loop's rule, with the taps in row-major order).
 #[inline(always)]
 fn later<T: Float>(m: T, v: T) -> T {
-    if !m.is_nan() && (v > m || v.is_nan()) {
+    // `&` and `|`, not `&&` and `||`: a select the compiler can vectorise, not branches.
+    if !m.is_nan() & ((v > m) | v.is_nan()) {
         v
     } else {
         m
@@ -378,8 +406,11 @@ fn later<T: Float>(m: T, v: T) -> T {
 /// The outputs `o` in `0..count` whose input `o·stride + offset − pad` lies in `0..len`.
 #[inline(always)]
 fn span(offset: usize, pad: usize, len: usize, stride: usize, count: usize) -> Range<usize> {
-    let hi = (len + pad).saturating_sub(offset).div_ceil(stride).min(count);
-    let lo = pad.saturating_sub(offset).div_ceil(stride).min(hi);
+    // Stride 1, the commonest, without the two divisions: `for_each_run` computes a span
+    // for every kernel tap of every channel of every image.
+    let up = |v: usize| if stride == 1 { v } else { v.div_ceil(stride) };
+    let hi = up((len + pad).saturating_sub(offset)).min(count);
+    let lo = up(pad.saturating_sub(offset)).min(hi);
     lo..hi
 }
 

@@ -298,8 +298,9 @@ impl<T: Float> Graph<T> {
         keep: &mut Keep<T>,
         (par, anomaly, profile): Settings<'s>,
     ) -> Scope<'s, 'g, T> {
-        arena.set_fill_threads(crate::kernels::par::threads(par));
-        crate::threads::keep_awake(crate::kernels::par::threads(par));
+        let threads = crate::kernels::par::threads(par);
+        arena.set_fill_threads(threads);
+        crate::threads::keep_awake(threads);
         let mut tape = State::from_spare(&mut keep.spare);
         tape.nest = Some(Nest { scratch, par, anomaly, profile });
         tape.step = keep.steps;

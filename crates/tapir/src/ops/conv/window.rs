@@ -228,28 +228,9 @@ impl Window {
         dx: &mut [T],
         write: bool,
     ) {
-        if write {
-            self.max_grad_pairs_as::<T, true>(planes, x, y, dout, dx);
-        } else {
-            self.max_grad_pairs_as::<T, false>(planes, x, y, dout, dx);
-        }
-    }
-
-    /// [`max_grad_pairs`](Window::max_grad_pairs) with `write` known to the compiler. A
-    /// window's maximum is found and routed without a branch (the taps' order decides
-    /// ties, by masks), so the loop does not stall on where each maximum lies.
-    #[inline(always)]
-    fn max_grad_pairs_as<T: Float, const WRITE: bool>(
-        &self,
-        planes: Range<usize>,
-        x: &[T],
-        y: &[T],
-        dout: &[T],
-        dx: &mut [T],
-    ) {
         let (hw, ohw, w, ow) = (self.h * self.w, self.oh * self.ow, self.w, self.ow);
         for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
-            if WRITE && (self.h % 2 == 1 || w % 2 == 1) {
+            if write && (self.h % 2 == 1 || w % 2 == 1) {
                 dx.fill(T::ZERO);
             }
             let plane = &x[p * hw..(p + 1) * hw];
@@ -270,7 +251,7 @@ impl Window {
                         + usize::from(m0 & m1)
                         + usize::from(m0 & m1 & m2)
                         + usize::from(m0 & m1 & m2 & m3);
-                    if WRITE {
+                    if write {
                         [dx[i], dx[i + 1], dx[i + w], dx[i + w + 1]] = [T::ZERO; 4];
                     }
                     if at < 4 {

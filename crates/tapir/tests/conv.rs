@@ -406,6 +406,77 @@ fn large_windows_split_by_planes_match_naive_loops() {
     assert_eq!(bits(&runs[0]), bits(&runs[1]), "1 and 3 threads differ");
 }
 
+/// Stride-1 windows whose outputs are as wide as the input ("same" width, `2·pw =
+/// dw·(kw − 1)`) take one shifted copy per kernel tap in `im2col` and whole rows in its
+/// adjoint: the columns equal a naive loop's exactly (zeros in the padding, in a warmed-up
+/// arena too), and the gradient of `Σ cols ⊙ r` is `r` summed onto each input element in
+/// kernel-tap order, bit for bit, at 1 and 3 threads. The geometries include kernel rows
+/// wholly in the padding, a shift as wide as the input and an image split over threads.
+#[test]
+fn same_width_im2col_and_col2im_match_naive_loops_bitwise() {
+    // Stride 1 and ow = w in each.
+    let cases: [DilatedWindow; 7] = [
+        ([8, 4, 12, 10], [3, 3], [1, 1], [1, 1], [1, 1]),
+        ([2, 3, 5, 4], [1, 1], [1, 1], [0, 0], [1, 1]),
+        ([2, 2, 6, 7], [3, 5], [1, 1], [0, 2], [1, 1]),
+        ([2, 2, 7, 6], [3, 3], [1, 1], [2, 2], [2, 2]),
+        ([2, 2, 1, 1], [5, 3], [1, 1], [2, 1], [1, 1]),
+        ([1, 2, 4, 5], [2, 3], [1, 1], [0, 1], [1, 1]),
+        ([3, 1, 2, 3], [1, 7], [1, 1], [0, 3], [1, 1]),
+    ];
+    for (case, &(dims, k, st, p, d)) in cases.iter().enumerate() {
+        let [n, c, h, w] = dims;
+        let x = tensor(&dims, 40 + case as u64);
+        let xv = x.data().to_vec();
+        let oh = h + 2 * p[0] - d[0] * (k[0] - 1);
+        assert_eq!(w + 2 * p[1] - d[1] * (k[1] - 1), w, "case {case} is same-width");
+        let l = oh * w;
+        let (mut want_cols, mut want_dx) = (Vec::new(), vec![0.0f64; xv.len()]);
+        let r: Vec<f64> = (0..n * c * k[0] * k[1] * l).map(|i| ((i * 53 % 97) as f64 - 48.0) / 7.0).collect();
+        for ni in 0..n {
+            for ci in 0..c {
+                for a in 0..k[0] {
+                    for b in 0..k[1] {
+                        for oi in 0..oh {
+                            for oj in 0..w {
+                                let i = (oi + a * d[0]) as isize - p[0] as isize;
+                                let j = (oj + b * d[1]) as isize - p[1] as isize;
+                                let inside = i >= 0 && j >= 0 && (i as usize) < h && (j as usize) < w;
+                                let at = ((ni * c + ci) * h + i.max(0) as usize) * w + j.max(0) as usize;
+                                let o = want_cols.len();
+                                want_cols.push(if inside { xv[at] } else { 0.0 });
+                                if inside {
+                                    want_dx[at] += r[o];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let rt = Tensor::from_vec(r, &[n, c * k[0] * k[1], l]).unwrap();
+        let other = tensor(&dims, 99);
+        for threads in [1, 3] {
+            let mut g = Graph::<f64>::new();
+            g.set_threads(threads);
+            // The second and third scopes reuse the first one's buffers, which hold other values.
+            for input in [&other, &x, &x] {
+                let (cols, dx) = g.scope(|s| {
+                    let xs = s.leaf(input);
+                    let cols = xs.im2col_dilated(k, st, p, d);
+                    s.backward((cols * s.input(&rt)).sum()).unwrap();
+                    (cols.value().unwrap().to_vec(), xs.grad().unwrap().to_vec())
+                });
+                if std::ptr::eq(input, &x) {
+                    let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&cols), bits(&want_cols), "case {case}, {threads} threads: im2col");
+                    assert_eq!(bits(&dx), bits(&want_dx), "case {case}, {threads} threads: col2im");
+                }
+            }
+        }
+    }
+}
+
 /// Max pooling without padding or dilation takes its own loops (`Window::max_plain`):
 /// values and gradients equal naive loops, NaN windows included, at 1 and 3 threads.
 #[test]

@@ -91,7 +91,7 @@ impl<'s, T: Float> Var<'s, T> {
             let k = win.c.saturating_mul(win.kh).saturating_mul(win.kw);
             let so = r.shape_of(sx, &[win.n, k, win.oh.saturating_mul(win.ow)])?;
             let x = r.value(self.id);
-            let out = r.alloc(so.numel())?;
+            let out = if win.aligned() { r.alloc_written(so.numel())? } else { r.alloc(so.numel())? };
             im2col_into(&win, self.core.par, x, out);
             Ok((Op::Im2Col { x: self.id, geom: at }, so, out))
         })
@@ -174,7 +174,7 @@ impl<'s, T: Float> Var<'s, T> {
             let win = Window::from_extra(sx, &r.tape.extra[geom as usize..geom as usize + GEOM_LEN]);
             let so = r.shape_of(sx, &[win.n, win.c * win.kh * win.kw, win.oh * win.ow])?;
             let x = r.value(self.id);
-            let out = r.alloc(so.numel())?;
+            let out = if win.aligned() { r.alloc_written(so.numel())? } else { r.alloc(so.numel())? };
             im2col_into(&win, self.core.par, x, out);
             Ok((Op::Im2Col { x: self.id, geom }, so, &*out))
         })

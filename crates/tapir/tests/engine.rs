@@ -11,6 +11,7 @@ mod callbacks;
 mod checkpoint;
 mod conv;
 mod conv_fixtures;
+mod conv_loops;
 mod custom;
 mod custom_slots;
 mod deep;

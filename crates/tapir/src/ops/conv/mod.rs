@@ -31,6 +31,7 @@
 //! `extra` list as `[kh, kw, sh, sw, ph, pw, dh, dw]` and the variant keeps their offset.
 
 pub(crate) mod conv2d;
+mod pool;
 mod window;
 
 use faer::Par;

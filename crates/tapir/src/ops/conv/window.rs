@@ -66,7 +66,7 @@ impl Window {
 
     /// Whether the window is dilated along either axis (the loops' slow shape).
     #[inline]
-    fn dilated(&self) -> bool {
+    pub(super) fn dilated(&self) -> bool {
         self.dh != 1 || self.dw != 1
     }
 
@@ -137,139 +137,6 @@ impl Window {
         });
     }
 
-    /// Whether every tap of every window lies inside the input and taps are adjacent: no
-    /// padding, no dilation. Such windows take the max-pooling loops below, which read
-    /// each window's rows as slices instead of clipping ranges tap by tap.
-    #[inline]
-    pub(super) fn plain(&self) -> bool {
-        self.ph == 0 && self.pw == 0 && !self.dilated()
-    }
-
-    /// Whether the window is 2×2 with stride 2 and [`plain`](Window::plain): pooling's
-    /// commonest shape, which the max-pooling loops take two input rows at a time.
-    #[inline]
-    pub(super) fn pairs(&self) -> bool {
-        self.plain() && [self.kh, self.kw, self.sh, self.sw] == [2, 2, 2, 2]
-    }
-
-    /// Max pooling of a [`plain`](Window::plain) window over the planes `planes`: `out`
-    /// holds their outputs. The taps are visited in row-major window order and a NaN wins
-    /// and stays, as in the general loop, so the values are the same.
-    pub(super) fn max_plain<T: Float>(&self, planes: Range<usize>, x: &[T], out: &mut [T]) {
-        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
-        if self.pairs() {
-            // 2×2 windows with stride 2: two input rows give one output row.
-            for (p, out) in planes.zip(out.chunks_exact_mut(ohw)) {
-                let plane = &x[p * hw..(p + 1) * hw];
-                for (oi, out) in out.chunks_exact_mut(self.ow).enumerate() {
-                    let top = &plane[2 * oi * self.w..][..2 * self.ow];
-                    let bottom = &plane[(2 * oi + 1) * self.w..][..2 * self.ow];
-                    for ((o, t), b) in out.iter_mut().zip(top.chunks_exact(2)).zip(bottom.chunks_exact(2)) {
-                        *o = later(later(later(t[0], t[1]), b[0]), b[1]);
-                    }
-                }
-            }
-            return;
-        }
-        for (p, out) in planes.zip(out.chunks_exact_mut(ohw)) {
-            let plane = &x[p * hw..(p + 1) * hw];
-            for (oi, out) in out.chunks_exact_mut(self.ow).enumerate() {
-                for (oj, o) in out.iter_mut().enumerate() {
-                    let mut m = T::neg_infinity();
-                    for a in 0..self.kh {
-                        let at = (oi * self.sh + a) * self.w + oj * self.sw;
-                        for &v in &plane[at..at + self.kw] {
-                            m = later(m, v);
-                        }
-                    }
-                    *o = m;
-                }
-            }
-        }
-    }
-
-    /// Max pooling's gradient for a [`plain`](Window::plain) window over the planes
-    /// `planes`: `dx` holds their input gradients; the first tap equal to the window's
-    /// maximum (the first NaN, for a NaN maximum) gets `dout`, as in the general loop.
-    /// ([`pairs`](Window::pairs) windows take [`max_grad_pairs`](Window::max_grad_pairs).)
-    pub(super) fn max_grad_plain<T: Float>(&self, planes: Range<usize>, x: &[T], y: &[T], dout: &[T], dx: &mut [T]) {
-        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
-        for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
-            let plane = &x[p * hw..(p + 1) * hw];
-            for oi in 0..self.oh {
-                for oj in 0..self.ow {
-                    let o = p * ohw + oi * self.ow + oj;
-                    let m = y[o];
-                    'window: for a in 0..self.kh {
-                        let at = (oi * self.sh + a) * self.w + oj * self.sw;
-                        for (b, &v) in plane[at..at + self.kw].iter().enumerate() {
-                            if v == m || (v.is_nan() && m.is_nan()) {
-                                dx[at + b] += dout[o];
-                                break 'window;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Max pooling's gradient for [`pairs`](Window::pairs) windows over the planes
-    /// `planes`, as [`max_grad_plain`](Window::max_grad_plain) adds it; with `write`,
-    /// every element of `dx` is set instead (`dout` at each window's maximum, `0` at its
-    /// other taps and at the odd last row or column no window reads), so `dx`'s elements
-    /// may be unspecified.
-    pub(super) fn max_grad_pairs<T: Float>(
-        &self,
-        planes: Range<usize>,
-        x: &[T],
-        y: &[T],
-        dout: &[T],
-        dx: &mut [T],
-        write: bool,
-    ) {
-        let (hw, ohw, w, ow) = (self.h * self.w, self.oh * self.ow, self.w, self.ow);
-        for (p, dx) in planes.zip(dx.chunks_exact_mut(hw)) {
-            if write && (self.h % 2 == 1 || w % 2 == 1) {
-                dx.fill(T::ZERO);
-            }
-            let plane = &x[p * hw..(p + 1) * hw];
-            let (yp, dp) = (&y[p * ohw..(p + 1) * ohw], &dout[p * ohw..(p + 1) * ohw]);
-            for ((oi, ym), dm) in yp.chunks_exact(ow).enumerate().zip(dp.chunks_exact(ow)) {
-                for (oj, (&m, &d)) in ym.iter().zip(dm).enumerate() {
-                    // The window's taps are `i`, `i + 1`, `i + w` and `i + w + 1`, all inside
-                    // the plane: `2·oi + 1 < h` and `2·oj + 1 < w`.
-                    let i = 2 * oi * w + 2 * oj;
-                    // The first tap equal to the maximum (the first NaN, for a NaN maximum),
-                    // as an index (4: none) and then an offset: where the maximum lies is
-                    // random, so branches on it would mispredict.
-                    let nan = m.is_nan();
-                    let miss = |v: T| !((v == m) | (v.is_nan() & nan));
-                    let (m0, m1) = (miss(plane[i]), miss(plane[i + 1]));
-                    let (m2, m3) = (miss(plane[i + w]), miss(plane[i + w + 1]));
-                    if write {
-                        // Each tap's gradient as a select: straight-line code, no store to
-                        // an address computed from the comparisons. `0 + d`: the
-                        // accumulating path's bits (`-0` becomes `+0`).
-                        let pick = |first: bool| if first { T::ZERO + d } else { T::ZERO };
-                        dx[i] = pick(!m0);
-                        dx[i + 1] = pick(m0 & !m1);
-                        dx[i + w] = pick(m0 & m1 & !m2);
-                        dx[i + w + 1] = pick(m0 & m1 & m2 & !m3);
-                        continue;
-                    }
-                    let at = usize::from(m0)
-                        + usize::from(m0 & m1)
-                        + usize::from(m0 & m1 & m2)
-                        + usize::from(m0 & m1 & m2 & m3);
-                    if at < 4 {
-                        dx[i + (at & 1) + (at >> 1) * w] += d;
-                    }
-                }
-            }
-        }
-    }
-
     /// Calls `f(o, i)` for every output position `o` of the `(n, c)` planes `planes` and
     /// every input position `i` of its window, both as flat indices into the whole output
     /// and input, in row-major window order.
@@ -312,6 +179,31 @@ impl Window {
         self.sh == 1 && self.sw == 1 && self.ow == self.w
     }
 
+    /// Calls `f(plane, tap, at, rows, right, left)` for every kernel tap `(c, a, b)` of the
+    /// images `images` of an [`aligned`](Window::aligned) window, in the columns' order:
+    /// `plane` the input plane (`n·C + c`), `tap` the tap's column block counted from the
+    /// first image's, `rows` the elements of that block (`oh·ow`) whose output rows read
+    /// the input, starting at element `at` of the plane, and output column `oj` reads input
+    /// column `oj + right − left` (one of the two is 0).
+    #[inline(always)]
+    fn aligned_taps(&self, images: Range<usize>, mut f: impl FnMut(usize, usize, usize, Range<usize>, usize, usize)) {
+        let w = self.w;
+        let mut tap = 0;
+        for plane in images.start * self.c..images.end * self.c {
+            for a in 0..self.kh {
+                let ois = span(a * self.dh, self.ph, self.h, 1, self.oh);
+                // Input row of output row `oi` is `oi + a·dh − ph` (span keeps it inside).
+                let at = (ois.start + a * self.dh).saturating_sub(self.ph) * w;
+                let rows = if ois.is_empty() { 0..0 } else { ois.start * w..ois.end * w };
+                for b in 0..self.kw {
+                    let (right, left) = ((b * self.dw).saturating_sub(self.pw), self.pw.saturating_sub(b * self.dw));
+                    f(plane, tap, at, rows.clone(), right, left);
+                    tap += 1;
+                }
+            }
+        }
+    }
+
     /// `im2col` of the images `images` for an [`aligned`](Window::aligned) window, writing
     /// every element of `cols` (their columns): per kernel tap `(c, a, b)` of an image,
     /// one copy of the input rows that the tap's output rows read, shifted by
@@ -319,41 +211,25 @@ impl Window {
     /// padding (the copy's elements there came from a neighbouring row).
     pub(super) fn im2col_aligned<T: Float>(&self, images: Range<usize>, x: &[T], cols: &mut [T]) {
         let (w, hw, l) = (self.w, self.h * self.w, self.oh * self.ow);
-        let mut taps = cols.chunks_exact_mut(l);
-        for n in images {
-            for c in 0..self.c {
-                let plane = &x[(n * self.c + c) * hw..][..hw];
-                for a in 0..self.kh {
-                    let ois = span(a * self.dh, self.ph, self.h, 1, self.oh);
-                    // Input row of output row `oi` is `oi + a·dh − ph` (span keeps it inside).
-                    let src = (ois.start + a * self.dh).saturating_sub(self.ph) * w;
-                    let (lo, hi) = (ois.start * w, ois.end * w);
-                    for b in 0..self.kw {
-                        let Some(tap) = taps.next() else { return };
-                        if ois.is_empty() {
-                            tap.fill(T::ZERO);
-                            continue;
-                        }
-                        tap[..lo].fill(T::ZERO);
-                        tap[hi..].fill(T::ZERO);
-                        let block = &mut tap[lo..hi];
-                        let len = block.len();
-                        // Output column `oj` reads input column `oj + b·dw − pw`.
-                        let (right, left) =
-                            ((b * self.dw).saturating_sub(self.pw), self.pw.saturating_sub(b * self.dw));
-                        if right > 0 {
-                            let d = right.min(len);
-                            block[..len - d].copy_from_slice(&plane[src + d..src + len]);
-                            zero_edges(block, w, w - right.min(w)..w);
-                        } else {
-                            let d = left.min(len);
-                            block[d..].copy_from_slice(&plane[src..src + len - d]);
-                            zero_edges(block, w, 0..left.min(w));
-                        }
-                    }
-                }
+        self.aligned_taps(images, |plane, tap, src, rows, right, left| {
+            let (plane, tap) = (&x[plane * hw..][..hw], &mut cols[tap * l..][..l]);
+            tap[..rows.start].fill(T::ZERO);
+            tap[rows.end..].fill(T::ZERO);
+            let block = &mut tap[rows];
+            let len = block.len();
+            if len == 0 {
+                return;
             }
-        }
+            if right > 0 {
+                let d = right.min(len);
+                block[..len - d].copy_from_slice(&plane[src + d..src + len]);
+                zero_edges(block, w, w - right.min(w)..w);
+            } else {
+                let d = left.min(len);
+                block[d..].copy_from_slice(&plane[src..src + len - d]);
+                zero_edges(block, w, 0..left.min(w));
+            }
+        });
     }
 
     /// `image += col2im(cols)` of the images `images` for an [`aligned`](Window::aligned)
@@ -364,39 +240,25 @@ impl Window {
     /// neighbouring row, took 1.6 times the instructions on W11's 4-wide rows.)
     pub(super) fn col2im_aligned<T: Float>(&self, images: Range<usize>, cols: &[T], image: &mut [T]) {
         let (w, hw, l) = (self.w, self.h * self.w, self.oh * self.ow);
-        let k = self.c * self.kh * self.kw;
-        let mut planes = image.chunks_exact_mut(hw);
-        for n in images {
-            let mut taps = cols[n * k * l..(n + 1) * k * l].chunks_exact(l);
-            for _ in 0..self.c {
-                let Some(plane) = planes.next() else { return };
-                for a in 0..self.kh {
-                    let ois = span(a * self.dh, self.ph, self.h, 1, self.oh);
-                    let dst = (ois.start + a * self.dh).saturating_sub(self.ph) * w;
-                    let (lo, hi) = (ois.start * w, ois.end * w);
-                    for b in 0..self.kw {
-                        let Some(tap) = taps.next() else { return };
-                        let (right, left) =
-                            ((b * self.dw).saturating_sub(self.pw), self.pw.saturating_sub(b * self.dw));
-                        // Output column `oj` adds to input column `oj + right − left`, for
-                        // the `w − shift` columns inside the input.
-                        let keep = w - (right + left).min(w);
-                        if ois.is_empty() || keep == 0 {
-                            continue;
-                        }
-                        let (from, to) = (&tap[lo..hi], &mut plane[dst..dst + (hi - lo)]);
-                        if right == 0 && left == 0 {
-                            to.iter_mut().zip(from).for_each(|(d, &v)| *d += v);
-                            continue;
-                        }
-                        for (to, from) in to.chunks_exact_mut(w).zip(from.chunks_exact(w)) {
-                            let (to, from) = (&mut to[right..right + keep], &from[left..left + keep]);
-                            to.iter_mut().zip(from).for_each(|(d, &v)| *d += v);
-                        }
-                    }
-                }
+        let (first, cols) = (images.start * self.c, &cols[images.start * self.c * self.kh * self.kw * l..]);
+        self.aligned_taps(images, |plane, tap, dst, rows, right, left| {
+            // Output column `oj` adds to input column `oj + right − left`, for the
+            // `w − shift` columns inside the input.
+            let keep = w - (right + left).min(w);
+            if rows.is_empty() || keep == 0 {
+                return;
             }
-        }
+            let plane = &mut image[(plane - first) * hw..][..hw];
+            let (from, to) = (&cols[tap * l..][rows.clone()], &mut plane[dst..dst + rows.len()]);
+            if right == 0 && left == 0 {
+                to.iter_mut().zip(from).for_each(|(d, &v)| *d += v);
+                return;
+            }
+            for (to, from) in to.chunks_exact_mut(w).zip(from.chunks_exact(w)) {
+                let (to, from) = (&mut to[right..right + keep], &from[left..left + keep]);
+                to.iter_mut().zip(from).for_each(|(d, &v)| *d += v);
+            }
+        });
     }
 
     /// Calls `f(col, x, len)` for every run of `im2col`'s output for the images `images`
@@ -491,18 +353,6 @@ fn zero_edges<T: Float>(block: &mut [T], w: usize, cols: Range<usize>) {
         block.iter_mut().skip(cols.start).step_by(w).for_each(|v| *v = T::ZERO);
     } else if !cols.is_empty() {
         block.chunks_exact_mut(w).for_each(|row| row[cols.clone()].fill(T::ZERO));
-    }
-}
-
-/// The running maximum `m` after tap `v`: a NaN wins and stays, and of equal values the
-/// earlier stays (the general loop's rule, with the taps in row-major order).
-#[inline(always)]
-fn later<T: Float>(m: T, v: T) -> T {
-    // `&` and `|`, not `&&` and `||`: a select the compiler can vectorise, not branches.
-    if !m.is_nan() & ((v > m) | v.is_nan()) {
-        v
-    } else {
-        m
     }
 }
 

@@ -43,7 +43,7 @@ use crate::record::handles::{Core, Var};
 use crate::shape::Shape;
 use crate::tape::id::NodeId;
 use crate::tape::op::{Op, OpKind};
-use window::{col2im_into, im2col_add, im2col_into, record_window, Args, Window, GEOM_LEN};
+use window::{col2im_into, im2col_add, im2col_value, record_window, Args, Window, GEOM_LEN};
 
 impl<'s, T: Float> Var<'s, T> {
     /// Unfolds every `kh×kw` window of `x: [N, C, H, W]` into a column:
@@ -91,9 +91,7 @@ impl<'s, T: Float> Var<'s, T> {
             // Saturating: an overflowing product is rejected by `shape_of`, not a panic.
             let k = win.c.saturating_mul(win.kh).saturating_mul(win.kw);
             let so = r.shape_of(sx, &[win.n, k, win.oh.saturating_mul(win.ow)])?;
-            let x = r.value(self.id);
-            let out = if win.aligned() { r.alloc_written(so.numel())? } else { r.alloc(so.numel())? };
-            im2col_into(&win, self.core.par, x, out);
+            let out = im2col_value(r, &win, self.core.par, r.value(self.id), so.numel())?;
             Ok((Op::Im2Col { x: self.id, geom: at }, so, out))
         })
     }
@@ -174,9 +172,7 @@ impl<'s, T: Float> Var<'s, T> {
             let sx = r.shape(self.id);
             let win = Window::from_extra(sx, &r.tape.extra[geom as usize..geom as usize + GEOM_LEN]);
             let so = r.shape_of(sx, &[win.n, win.c * win.kh * win.kw, win.oh * win.ow])?;
-            let x = r.value(self.id);
-            let out = if win.aligned() { r.alloc_written(so.numel())? } else { r.alloc(so.numel())? };
-            im2col_into(&win, self.core.par, x, out);
+            let out = im2col_value(r, &win, self.core.par, r.value(self.id), so.numel())?;
             Ok((Op::Im2Col { x: self.id, geom }, so, &*out))
         })
     }

@@ -113,9 +113,9 @@ impl Window {
                     // The window's taps are `i`, `i + 1`, `i + w` and `i + w + 1`, all inside
                     // the plane: `2·oi + 1 < h` and `2·oj + 1 < w`.
                     let i = 2 * oi * w + 2 * oj;
-                    // The first tap equal to the maximum (the first NaN, for a NaN maximum),
-                    // as an index (4: none) and then an offset: where the maximum lies is
-                    // random, so branches on it would mispredict.
+                    // Which taps differ from the maximum (and, for a NaN maximum, are not
+                    // NaN): the first that does not gets the gradient. Where the maximum
+                    // lies is random, so branches on it would mispredict.
                     let nan = m.is_nan();
                     let miss = |v: T| !((v == m) | (v.is_nan() & nan));
                     let (m0, m1) = (miss(plane[i]), miss(plane[i + 1]));
@@ -131,6 +131,7 @@ impl Window {
                         dx[i + w + 1] = pick(m0 & m1 & m2 & !m3);
                         continue;
                     }
+                    // The first tap equal to the maximum as an index (4: none), then an offset.
                     let at = usize::from(m0)
                         + usize::from(m0 & m1)
                         + usize::from(m0 & m1 & m2)

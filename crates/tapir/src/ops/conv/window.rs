@@ -294,14 +294,25 @@ impl Window {
     }
 }
 
-/// `out = im2col(x)`, image by image over `threads`: `out` must be zeroed unless the
-/// window is [`aligned`](Window::aligned), whose loop writes every element.
-pub(super) fn im2col_into<T: Float>(win: &Window, threads: Par, x: &[T], out: &mut [T]) {
+/// `im2col(x)` in a new arena slice of `len` elements, image by image over `threads`: an
+/// [`aligned`](Window::aligned) window's loop writes every element, so its slice is not
+/// zeroed first; the other loops write only what they copy, into a zeroed slice.
+pub(super) fn im2col_value<'s, T: Float>(
+    r: &Rec<'_, 's, T>,
+    win: &Window,
+    threads: Par,
+    x: &[T],
+    len: usize,
+) -> Result<&'s mut [T]> {
     if win.aligned() {
+        let out = r.alloc_written(len)?;
         let per_image = win.c * win.kh * win.kw * win.oh * win.ow;
-        return win.for_images(threads, out, per_image, &|images, cols| win.im2col_aligned(images, x, cols));
+        win.for_images(threads, out, per_image, &|images, cols| win.im2col_aligned(images, x, cols));
+        return Ok(out);
     }
+    let out = r.alloc(len)?;
     im2col_runs(win, threads, x, out, false);
+    Ok(out)
 }
 
 /// `cols += im2col(x)`, image by image over `threads`.

@@ -1,4 +1,4 @@
-//! One op at a time, at the sizes W8 and W10 run it, outside a training step: the op's
+//! One op at a time, at the sizes W8, W10 and W11 run it, outside a training step: the op's
 //! own forward and backward-rule time from [`Graph::set_profiling`](tapir::Graph::set_profiling),
 //! median over the runs, in three modes: `hot`, runs back to back; `idle`, the calling
 //! thread sleeps 2 ms before each run, so that idle pool threads go to sleep too and the
@@ -9,7 +9,7 @@
 //!
 //! ```sh
 //! cargo build --release -p benches --example op_alone
-//! target/release/examples/op_alone 1          # THREADS [RUNS]
+//! target/release/examples/op_alone 1          # THREADS [RUNS [CASE-PREFIX]]
 //! target/release/examples/op_alone 2
 //! ```
 //!
@@ -21,7 +21,7 @@ use tapir::{Graph, Tensor, Var};
 /// program from the leaves to the value whose sum is the loss.
 type Program = for<'s> fn(&[Var<'s, f32>]) -> Var<'s, f32>;
 
-const CASES: [(&str, &str, &[&[usize]], Program); 7] = [
+const CASES: [(&str, &str, &[&[usize]], Program); 13] = [
     ("W10 gelu [2048, 512]", "gelu", &[&[2048, 512]], |l| l[0].gelu()),
     ("W8 relu [4096, 256]", "relu", &[&[4096, 256]], |l| l[0].relu()),
     ("W10 add [2048, 128]", "add", &[&[2048, 128], &[2048, 128]], |l| l[0] + l[1]),
@@ -33,6 +33,12 @@ const CASES: [(&str, &str, &[&[usize]], Program); 7] = [
         l[0].attention_weights(4, true)
     }),
     ("W10 attend [32, 64, 384] 4 heads", "attend", &[&[32, 64, 384]], |l| l[0].attention_weights(4, true).attend(l[0])),
+    ("W11 conv1 matmul [16, 9]·[256, 9, 64]", "matmul", &[&[16, 9], &[256, 9, 64]], |l| l[0].matmul(l[1])),
+    ("W11 conv2 matmul [32, 144]·[256, 144, 16]", "matmul", &[&[32, 144], &[256, 144, 16]], |l| l[0].matmul(l[1])),
+    ("W11 conv2 im2col [256, 16, 4, 4]", "im2col", &[&[256, 16, 4, 4]], |l| l[0].im2col([3, 3], [1, 1], [1, 1])),
+    ("W11 pool1 [256, 16, 8, 8]", "max_pool2d", &[&[256, 16, 8, 8]], |l| l[0].max_pool2d([2, 2], [2, 2], [0, 0])),
+    ("W11 bias add [256, 16, 8, 8] + [16, 1, 1]", "add", &[&[256, 16, 8, 8], &[16, 1, 1]], |l| l[0] + l[1]),
+    ("W11 relu [256, 16, 8, 8]", "relu", &[&[256, 16, 8, 8]], |l| l[0].relu()),
 ];
 
 fn leaf(shape: &[usize], seed: usize) -> Tensor<f32> {
@@ -52,7 +58,8 @@ fn main() {
     tapir::init_threads(threads).expect("no parallel work before this");
     let mut g: Graph<f32> = benches::graph(threads);
     let mut junk = vec![0u8; 64 << 20];
-    for (name, op, shapes, program) in CASES {
+    let only = std::env::args().nth(3).unwrap_or_default();
+    for (name, op, shapes, program) in CASES.into_iter().filter(|c| c.0.starts_with(&only)) {
         let leaves: Vec<Tensor<f32>> = shapes.iter().enumerate().map(|(i, s)| leaf(s, i)).collect();
         for mode in ["hot", "idle", "cold"] {
             let (mut fwd, mut bwd) = (Vec::with_capacity(runs), Vec::with_capacity(runs));

@@ -120,22 +120,26 @@ impl Window {
                     let miss = |v: T| !((v == m) | (v.is_nan() & nan));
                     let (m0, m1) = (miss(plane[i]), miss(plane[i + 1]));
                     let (m2, m3) = (miss(plane[i + w]), miss(plane[i + w + 1]));
-                    if write {
-                        // Each tap's gradient as a select: straight-line code, no store to
-                        // an address computed from the comparisons. `0 + d`: the
-                        // accumulating path's bits (`-0` becomes `+0`).
-                        let pick = |first: bool| if first { T::ZERO + d } else { T::ZERO };
-                        dx[i] = pick(!m0);
-                        dx[i + 1] = pick(m0 & !m1);
-                        dx[i + w] = pick(m0 & m1 & !m2);
-                        dx[i + w + 1] = pick(m0 & m1 & m2 & !m3);
-                        continue;
-                    }
-                    // The first tap equal to the maximum as an index (4: none), then an offset.
+                    // The first tap equal to the maximum as an index (4: none, which the
+                    // forward's own maximum never leaves), then an offset.
                     let at = usize::from(m0)
                         + usize::from(m0 & m1)
                         + usize::from(m0 & m1 & m2)
                         + usize::from(m0 & m1 & m2 & m3);
+                    if write {
+                        // Zeros, then `0 + d` (the accumulating path's bits: `-0` becomes
+                        // `+0`) at the maximum: stores, no branch on where the maximum is
+                        // (a select between float values compiles to one, which
+                        // mispredicts: the maximum's place is random).
+                        dx[i] = T::ZERO;
+                        dx[i + 1] = T::ZERO;
+                        dx[i + w] = T::ZERO;
+                        dx[i + w + 1] = T::ZERO;
+                        if at < 4 {
+                            dx[i + (at & 1) + (at >> 1) * w] = T::ZERO + d;
+                        }
+                        continue;
+                    }
                     if at < 4 {
                         dx[i + (at & 1) + (at >> 1) * w] += d;
                     }
@@ -149,10 +153,14 @@ impl Window {
 /// earlier stays (the general loop's rule, with the taps in row-major order).
 #[inline(always)]
 fn later<T: Float>(m: T, v: T) -> T {
-    // `&` and `|`, not `&&` and `||`: a select the compiler can vectorise, not branches.
-    if !m.is_nan() & ((v > m) | v.is_nan()) {
-        v
-    } else {
+    // Two selects, each on one comparison, which compile to compare-and-mask
+    // instructions; a select on a combination of comparisons compiles to a branch, which
+    // mispredicts (the maximum's place is random). `m >= v` fails where `v` is larger
+    // or either is NaN.
+    let t = if m >= v { m } else { v };
+    if m.is_nan() {
         m
+    } else {
+        t
     }
 }

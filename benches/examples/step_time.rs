@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo build --release -p benches --example step_time
 //! target/release/examples/step_time W11 2          # WORKLOAD THREADS [STEPS]
+//! target/release/examples/step_time W11 1,2        # WORKLOAD 1,2 [ROUNDS]: interleaved E2
 //! ```
 //!
 //! Workloads: W1 (seed loop), W2 (MLP step), W7 (Hessian-vector product), W8, W8C (deep
@@ -12,6 +13,13 @@
 //! `WORKLOAD threads T: MEDIAN ms/step (median of N) peak RSS M MiB`; the first steps warm
 //! up (W8 and W8C: 2, the others 3) and are not counted. `SPIN_WAIT=0` turns the pool's
 //! spin-waiting off ([`tapir::set_spin_wait`]).
+//!
+//! With `1,2` in place of the thread count, one process measures E2 itself: two graphs,
+//! one on 1 thread and one on 2 threads of the same pool, take the workload's steps in
+//! turn, a block of steps each (a quarter of the default step count, at least 1), the
+//! order alternating between rounds (default 15). Each round's E2 is the ratio of its two
+//! blocks' median step times, so a host that drifts between rounds moves both alike.
+//! Prints `WORKLOAD interleaved: T1 A ms, T2 B ms, E2 MEDIAN (Q1-Q3), R rounds of K steps`.
 
 use std::time::Instant;
 
@@ -24,7 +32,8 @@ fn main() {
         eprintln!("usage: step_time W1|W2|W7|W8|W8C|W10|W11 THREADS [STEPS]");
         std::process::exit(2);
     };
-    let threads: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let pair = args.get(1).is_some_and(|s| s == "1,2");
+    let threads: usize = if pair { 2 } else { args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1) };
     tapir::init_threads(threads).expect("no parallel work before this");
     if std::env::var("SPIN_WAIT").is_ok_and(|v| v == "0") {
         tapir::set_spin_wait(false);
@@ -60,6 +69,11 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if pair {
+        let rounds = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(15).max(1);
+        interleaved(&name, &mut step, warm, (default_steps / 4).max(1), rounds);
+        return;
+    }
     let steps = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(default_steps).max(warm + 1);
     let mut times = Vec::with_capacity(steps);
     for i in 0..steps {
@@ -73,4 +87,44 @@ fn main() {
     let median = benches::median(&mut times);
     let peak = benches::rss::peak_kib().unwrap_or(0) as f64 / 1024.0;
     println!("{name} threads {threads}: {median:.3} ms/step (median of {n}) peak RSS {peak:.0} MiB");
+}
+
+/// Median step time (ms) of `block` steps on `g`.
+fn block_ms(step: &mut Step, g: &mut tapir::Graph<f32>, block: usize) -> f64 {
+    let mut t: Vec<f64> = (0..block)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(step(g));
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    benches::median(&mut t)
+}
+
+/// The `1,2` mode (see the module doc): per round, a block on each graph, the order
+/// alternating; prints the medians and the quartiles of the rounds' E2.
+fn interleaved(name: &str, step: &mut Step, warm: usize, block: usize, rounds: usize) {
+    let (mut g1, mut g2) = (benches::graph(1), benches::graph(2));
+    for _ in 0..warm {
+        step(&mut g1);
+        step(&mut g2);
+    }
+    let (mut t1s, mut t2s, mut e2) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (t1, t2) = if r % 2 == 0 {
+            let t1 = block_ms(step, &mut g1, block);
+            (t1, block_ms(step, &mut g2, block))
+        } else {
+            let t2 = block_ms(step, &mut g2, block);
+            (block_ms(step, &mut g1, block), t2)
+        };
+        t1s.push(t1);
+        t2s.push(t2);
+        e2.push(t1 / (2.0 * t2));
+    }
+    e2.sort_by(f64::total_cmp);
+    let q = |f: f64| e2[((e2.len() - 1) as f64 * f).round() as usize];
+    let (q1, q3) = (q(0.25), q(0.75));
+    let (t1, t2, mid) = (benches::median(&mut t1s), benches::median(&mut t2s), benches::median(&mut e2));
+    println!("{name} interleaved: T1 {t1:.3} ms, T2 {t2:.3} ms, E2 {mid:.3} ({q1:.3}-{q3:.3}), {rounds} rounds of {block} steps");
 }

@@ -234,15 +234,22 @@ fn plain_max_pooling_matches_naive_loops() {
     }
 }
 
-/// A per-channel operand `[C, 1, 1]` against `[N, C, H, W]` of 65,536 elements takes the
-/// channel loops (`kernels/channel.rs`), on either side of the op: values and gradients
-/// equal the closed forms, and 1 and 3 threads give the same bits.
+/// A per-channel operand `[C, 1, 1]` against `[N, C, H, W]` takes the channel loops
+/// (`kernels/channel.rs`), on either side of the op: values and gradients equal the
+/// closed forms, and 1 and 3 threads give the same bits. Many channels of long rows split
+/// the bias gradient by channels; few channels of short rows (a conv bias), by images.
 #[test]
 fn channel_broadcasts_match_closed_forms_at_any_thread_count() {
-    let dims = [4, 16, 32, 32];
-    let (x, b) = (tensor(&dims, 41), tensor(&[16, 1, 1], 42));
+    for dims in [[4, 16, 32, 32], [64, 4, 8, 16], [256, 16, 8, 8]] {
+        channel_broadcasts(dims);
+    }
+}
+
+fn channel_broadcasts(dims: [usize; 4]) {
+    let [_, c, h, w] = dims;
+    let (x, b) = (tensor(&dims, 41), tensor(&[c, 1, 1], 42));
     let (xv, bv) = (x.data().to_vec(), b.data().to_vec());
-    let ch = |i: usize| (i / (32 * 32)) % 16;
+    let ch = |i: usize| (i / (h * w)) % c;
     let mut runs = Vec::new();
     for threads in [1, 3] {
         let mut g = Graph::<f64>::new();
@@ -250,32 +257,32 @@ fn channel_broadcasts_match_closed_forms_at_any_thread_count() {
         runs.push(g.scope(|s| {
             let (xs, bs) = (s.leaf(&x), s.leaf(&b));
             let sum = xs + bs;
-            let prod = xs * bs.reshape(&[1, 16, 1, 1]);
+            let prod = xs * bs.reshape(&[1, c, 1, 1]);
             let diff = bs - xs;
             for (i, ((&p, &q), &r)) in
                 sum.value().unwrap().iter().zip(prod.value().unwrap()).zip(diff.value().unwrap()).enumerate()
             {
                 let (xi, bi) = (xv[i], bv[ch(i)]);
-                assert_eq!((p, q, r), (xi + bi, xi * bi, bi - xi), "element {i}");
+                assert_eq!((p, q, r), (xi + bi, xi * bi, bi - xi), "{dims:?}: element {i}");
             }
             // L = Σ sum² / 2 + Σ prod + Σ diff: dx = sum + b − 1, db[c] = Σ_c (sum + x + 1).
             s.backward((sum.square() * 0.5).sum() + prod.sum() + diff.sum()).unwrap();
             let (dx, db) = (xs.grad().unwrap().to_vec(), bs.grad().unwrap().to_vec());
             for (i, &d) in dx.iter().enumerate() {
                 let want = xv[i] + bv[ch(i)] + bv[ch(i)] - 1.0;
-                assert!((d - want).abs() < 1e-12, "dx[{i}] = {d} against {want}");
+                assert!((d - want).abs() < 1e-12, "{dims:?}: dx[{i}] = {d} against {want}");
             }
-            let mut want_db = vec![0.0; 16];
+            let mut want_db = vec![0.0; c];
             for (i, &xi) in xv.iter().enumerate() {
                 want_db[ch(i)] += xi + bv[ch(i)] + xi + 1.0;
             }
-            for (c, (&d, &w)) in db.iter().zip(&want_db).enumerate() {
-                assert!((d - w).abs() < 1e-9 * w.abs().max(1.0), "db[{c}] = {d} against {w}");
+            for (k, (&d, &w)) in db.iter().zip(&want_db).enumerate() {
+                assert!((d - w).abs() < 1e-9 * w.abs().max(1.0), "{dims:?}: db[{k}] = {d} against {w}");
             }
             dx.iter().chain(&db).map(|v| v.to_bits()).collect::<Vec<_>>()
         }));
     }
-    assert_eq!(runs[0], runs[1], "1 and 3 threads differ");
+    assert_eq!(runs[0], runs[1], "{dims:?}: 1 and 3 threads differ");
 }
 
 /// 2×2 max pooling with stride 2 (the pooling loops' two-rows-at-a-time path) on odd

@@ -45,10 +45,31 @@ pub(crate) fn binary_grad<T: Float>(
     da: &mut [T],
     g: impl Fn(T, T, T) -> T + Sync,
 ) {
+    binary_grad_first(par, (dout, so), (a, sa), (b, sb), (da, false), g);
+}
+
+/// [`binary_grad`], where `first` says that `da`'s elements are unspecified (its first
+/// gradient): the full-size operand of a per-channel broadcast then writes `0 + g` (the
+/// bits that adding into zeros gives) in one pass, and every other case zero-fills `da`
+/// first.
+#[inline]
+pub(crate) fn binary_grad_first<T: Float>(
+    par: Par,
+    (dout, so): (&[T], &Shape),
+    (a, sa): (&[T], &Shape),
+    (b, sb): (&[T], &Shape),
+    (da, first): (&mut [T], bool),
+    g: impl Fn(T, T, T) -> T + Sync,
+) {
     if dout.len() >= MIN_PARALLEL {
         if let (true, Some((_, inner))) = (sa == so, channel_len(sb, so)) {
-            return grad_full(par, dout, a, b, da, inner, g);
+            return grad_full(par, dout, a, b, (da, first), inner, g);
         }
+    }
+    if first {
+        super::par::fill(par, da, T::ZERO);
+    }
+    if dout.len() >= MIN_PARALLEL {
         if let (true, Some((_, inner))) = (sb == so, channel_len(sa, so)) {
             return grad_small(par, dout, a, b, da, inner, g);
         }
@@ -100,13 +121,14 @@ pub(crate) fn forward<T: Float>(
     });
 }
 
-/// The full-size operand's gradient: `d[i] += g(dout[i], full[i], small[(i / inner) mod m])`.
+/// The full-size operand's gradient: `d[i] += g(dout[i], full[i], small[(i / inner) mod m])`,
+/// or with `write`, `d[i] = 0 + g(...)` (`d`'s elements unspecified).
 pub(crate) fn grad_full<T: Float>(
     par: Par,
     dout: &[T],
     full: &[T],
     small: &[T],
-    d: &mut [T],
+    (d, write): (&mut [T], bool),
     inner: usize,
     g: impl Fn(T, T, T) -> T + Sync,
 ) {
@@ -121,8 +143,11 @@ pub(crate) fn grad_full<T: Float>(
                 let rows = dc.chunks_exact_mut(inner).zip(gc.chunks_exact(inner)).zip(xc.chunks_exact(inner));
                 for (r, ((dr, gr), xr)) in rows.enumerate() {
                     let y = small[(s / inner + r) % small.len()];
-                    for ((d, &go), &x) in dr.iter_mut().zip(gr).zip(xr) {
-                        *d += g(go, x, y);
+                    let pairs = dr.iter_mut().zip(gr).zip(xr);
+                    if write {
+                        pairs.for_each(|((d, &go), &x)| *d = T::ZERO + g(go, x, y));
+                    } else {
+                        pairs.for_each(|((d, &go), &x)| *d += g(go, x, y));
                     }
                 }
             },
@@ -130,9 +155,17 @@ pub(crate) fn grad_full<T: Float>(
     });
 }
 
+/// The most partial sums [`grad_small`] keeps (on the stack) when it splits the outer
+/// index into groups.
+const GROUP_PARTIALS: usize = 1024;
+
 /// The small operand's gradient: `d[k] += Σ g(dout[i], small[k], full[i])` over the rows
-/// `r ≡ k (mod m)`, in row order, each row summed in eight lanes. Values of `small` are
-/// split over `par`'s threads for long `dout`.
+/// `r ≡ k (mod m)`, each row summed in eight lanes. Split over `par`'s threads for long
+/// `dout`, in one of two ways chosen by the shape alone, so the bits never depend on the
+/// thread count: when the values of `small` span several pieces of about [`CHUNK`]
+/// elements of `dout` per outer index, by values, each summing its rows in row order;
+/// otherwise (a conv bias: few channels, many images), by runs of the outer index, each
+/// run's sums kept apart and then added to `d` in run order.
 pub(crate) fn grad_small<T: Float>(
     par: Par,
     dout: &[T],
@@ -145,22 +178,54 @@ pub(crate) fn grad_small<T: Float>(
     let m = small.len();
     let outer = dout.len() / (m * inner);
     let t = if dout.len() < MIN_PARALLEL { 1 } else { threads(par) };
-    // Pieces of about CHUNK elements of `dout` per outer index.
-    for_chunks(t, d, (CHUNK / inner).max(1), &|k0, dc: &mut [T]| {
-        simd::run(
-            dc.len() * inner * outer,
-            #[inline(always)]
-            || {
-                for o in 0..outer {
-                    for (kk, dk) in dc.iter_mut().enumerate() {
-                        let k = k0 + kk;
-                        let at = (o * m + k) * inner;
-                        *dk += row_sum(&dout[at..at + inner], small[k], &full[at..at + inner], &g);
-                    }
-                }
-            },
-        );
+    // Values per piece: about CHUNK elements of `dout` per outer index.
+    let per_piece = (CHUNK / inner).max(1);
+    // The outer index's runs: about CHUNK elements of `dout` each, within the partials.
+    let runs = (dout.len() / CHUNK).min(outer).min(GROUP_PARTIALS / m.max(1));
+    if m > per_piece || runs < 2 || dout.len() < MIN_PARALLEL {
+        for_chunks(t, d, per_piece, &|k0, dc: &mut [T]| sum_rows(dout, small, full, (0..outer, k0, inner), dc, &g));
+        return;
+    }
+    let per = outer.div_ceil(runs);
+    let runs = outer.div_ceil(per);
+    let mut partials = [T::ZERO; GROUP_PARTIALS];
+    for_chunks(t, &mut partials[..runs * m], m, &|s, p: &mut [T]| {
+        let first = s / m * per;
+        sum_rows(dout, small, full, (first..outer.min(first + per), 0, inner), p, &g);
     });
+    for (k, dk) in d.iter_mut().enumerate() {
+        let mut acc = partials[k];
+        for r in 1..runs {
+            acc += partials[r * m + k];
+        }
+        *dk += acc;
+    }
+}
+
+/// `dc[kk] += Σ_o row_sum(row (o, k0 + kk))` over the outer indices `outers`, in order.
+#[inline(always)]
+fn sum_rows<T: Float>(
+    dout: &[T],
+    small: &[T],
+    full: &[T],
+    (outers, k0, inner): (std::ops::Range<usize>, usize, usize),
+    dc: &mut [T],
+    g: &(impl Fn(T, T, T) -> T + Sync),
+) {
+    let m = small.len();
+    simd::run(
+        dc.len() * inner * outers.len(),
+        #[inline(always)]
+        || {
+            for o in outers {
+                for (kk, dk) in dc.iter_mut().enumerate() {
+                    let k = k0 + kk;
+                    let at = (o * m + k) * inner;
+                    *dk += row_sum(&dout[at..at + inner], small[k], &full[at..at + inner], g);
+                }
+            }
+        },
+    );
 }
 
 /// `Σ g(dout[j], y, full[j])` in eight lanes added pairwise at the end.

@@ -210,12 +210,40 @@ pub(crate) fn backward<'s, T: Float>(
 ) -> Result<()> {
     let (so, sa, sb) = (ctx.shape(out), ctx.shape(a), ctx.shape(b));
     let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
+    // `a`'s length, at hand, not the output's, which shape-`[1]` backward would pay to
+    // compute; either path gives the same bits.
+    if va.len() >= par::MIN_PARALLEL {
+        return backward_large(ctx, out, f, (a, sa), (b, sb), so);
+    }
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {
         f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), da);
     }
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
         f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), db);
+    }
+    Ok(())
+}
+
+/// [`backward`] for outputs long enough to split over the threads: a first gradient is
+/// written in the pass that computes it where the kernel can (the full-size operand of a
+/// per-channel broadcast, as a conv bias has), instead of zero-filled and then added to.
+#[inline(never)]
+fn backward_large<'s, T: Float>(
+    ctx: &mut BackwardCtx<'_, 's, T>,
+    out: NodeId<'s>,
+    f: BinaryFn,
+    (a, sa): (NodeId<'s>, Shape),
+    (b, sb): (NodeId<'s>, Shape),
+    so: Shape,
+) -> Result<()> {
+    let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
+    if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
+        f.grad_a_first(par, (dout, &so), (va, &sa), (vb, &sb), (da, first));
+    }
+    // For `x * x`, `a == b`: this second pass adds the second contribution.
+    if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
+        f.grad_b_first(par, (dout, &so), (va, &sa), (vb, &sb), (db, first));
     }
     Ok(())
 }

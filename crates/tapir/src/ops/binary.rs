@@ -225,7 +225,7 @@ pub(crate) fn backward<'s, T: Float>(
     Ok(())
 }
 
-/// [`backward`] for outputs long enough to split over the threads: a first gradient is
+/// [`backward`] when `a` is long enough to split over the threads: a first gradient is
 /// written in the pass that computes it where the kernel can (the full-size operand of a
 /// per-channel broadcast, as a conv bias has), instead of zero-filled and then added to.
 #[inline(never)]

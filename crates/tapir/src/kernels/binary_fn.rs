@@ -45,34 +45,20 @@ macro_rules! binary_fns {
                 }
             }
 
-            /// `da += g(dout, a, b)`, summed over `a`'s broadcast dimensions.
+            /// `da += g(dout, a, b)`, summed over `a`'s broadcast dimensions; with
+            /// `first` (`da`'s elements unspecified), `da = 0 + g(dout, a, b)`, the bits
+            /// that adding into zeros gives.
             #[inline]
-            pub(crate) fn grad_a<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: &mut [T]) {
+            pub(crate) fn grad_a<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: (&mut [T], bool)) {
                 match self {
                     $(BinaryFn::$f => channel::binary_grad(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
                 }
             }
 
-            /// [`grad_a`](Self::grad_a), or with `first` (`da`'s elements unspecified)
-            /// `da = 0 + g(dout, a, b)`, as adding into zeros gives.
+            /// `db += g(dout, a, b)`, summed over `b`'s broadcast dimensions; `first` as
+            /// for [`grad_a`](Self::grad_a).
             #[inline]
-            pub(crate) fn grad_a_first<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), da: (&mut [T], bool)) {
-                match self {
-                    $(BinaryFn::$f => channel::binary_grad_first(par, dout, a, b, da, |$ga: T, $xa: T, $ya: T| $da),)*
-                }
-            }
-
-            /// [`grad_b`](Self::grad_b) with a `first` flag, as [`grad_a_first`](Self::grad_a_first).
-            #[inline]
-            pub(crate) fn grad_b_first<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: (&mut [T], bool)) {
-                match self {
-                    $(BinaryFn::$f => channel::binary_grad_first(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*
-                }
-            }
-
-            /// `db += g(dout, a, b)`, summed over `b`'s broadcast dimensions.
-            #[inline]
-            pub(crate) fn grad_b<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: &mut [T]) {
+            pub(crate) fn grad_b<T: Float>(self, par: Par, dout: (&[T], &Shape), a: (&[T], &Shape), b: (&[T], &Shape), db: (&mut [T], bool)) {
                 // `binary_grad` sums into its second operand, so `b` goes there.
                 match self {
                     $(BinaryFn::$f => channel::binary_grad(par, dout, b, a, db, |$gb: T, $yb: T, $xb: T| $db),)*

@@ -35,25 +35,11 @@ pub(crate) fn binary<T: Float>(
 }
 
 /// [`par::binary_grad`](super::par::binary_grad), with long per-channel broadcasts taken
-/// here.
+/// here. `first` says that `da`'s elements are unspecified (its first gradient): the
+/// full-size operand of a per-channel broadcast then writes `0 + g` (the bits that adding
+/// into zeros gives) in one pass, and every other case zero-fills `da` first.
 #[inline]
 pub(crate) fn binary_grad<T: Float>(
-    par: Par,
-    (dout, so): (&[T], &Shape),
-    (a, sa): (&[T], &Shape),
-    (b, sb): (&[T], &Shape),
-    da: &mut [T],
-    g: impl Fn(T, T, T) -> T + Sync,
-) {
-    binary_grad_first(par, (dout, so), (a, sa), (b, sb), (da, false), g);
-}
-
-/// [`binary_grad`], where `first` says that `da`'s elements are unspecified (its first
-/// gradient): the full-size operand of a per-channel broadcast then writes `0 + g` (the
-/// bits that adding into zeros gives) in one pass, and every other case zero-fills `da`
-/// first.
-#[inline]
-pub(crate) fn binary_grad_first<T: Float>(
     par: Par,
     (dout, so): (&[T], &Shape),
     (a, sa): (&[T], &Shape),

@@ -216,11 +216,11 @@ pub(crate) fn backward<'s, T: Float>(
         return backward_large(ctx, out, f, (a, sa), (b, sb), so);
     }
     if let Some((dout, da)) = ctx.grad_pair(out, a)? {
-        f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), da);
+        f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), (da, false));
     }
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db)) = ctx.grad_pair(out, b)? {
-        f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), db);
+        f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), (db, false));
     }
     Ok(())
 }
@@ -239,11 +239,11 @@ fn backward_large<'s, T: Float>(
 ) -> Result<()> {
     let (va, vb, par) = (ctx.value(a), ctx.value(b), ctx.par);
     if let Some((dout, da, first)) = ctx.grad_pair_write(out, a)? {
-        f.grad_a_first(par, (dout, &so), (va, &sa), (vb, &sb), (da, first));
+        f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), (da, first));
     }
     // For `x * x`, `a == b`: this second pass adds the second contribution.
     if let Some((dout, db, first)) = ctx.grad_pair_write(out, b)? {
-        f.grad_b_first(par, (dout, &so), (va, &sa), (vb, &sb), (db, first));
+        f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), (db, first));
     }
     Ok(())
 }

@@ -128,9 +128,9 @@ pub(crate) fn contribute<'s, T: Float>(
         Op::Binary { f, a, b: rhs } => {
             let ((va, sa), (vb, sb)) = (part(a), part(rhs));
             if b.p == a {
-                f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), dst);
+                f.grad_a(par, (dout, &so), (va, &sa), (vb, &sb), (dst, false));
             } else {
-                f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), dst);
+                f.grad_b(par, (dout, &so), (va, &sa), (vb, &sb), (dst, false));
             }
         }
         Op::LayerNorm { first, eps } => {

@@ -42,13 +42,26 @@ pub(crate) fn threads(par: Par) -> usize {
     par.degree().max(1)
 }
 
+/// Tasks per thread when an op is split over more than one thread.
+///
+/// One task per thread makes each op wait for its slowest thread: a thread that the
+/// machine runs slower (a core shared with another process or VM, an interrupt, the calling
+/// thread arriving late from serial work) holds up every op by its whole share. With four
+/// runs of pieces per thread, `rayon::join`'s work stealing lets the threads that finish
+/// first take the runs the slow one has not started. Which pieces exist, and so the bits,
+/// does not change; only which thread runs them.
+pub(crate) const TASKS_PER_THREAD: usize = 4;
+
 /// Calls `f(start, piece)` for consecutive pieces of `out` of `chunk` elements (the last
-/// may be shorter), `start` being the piece's offset in `out`, spread over `threads` tasks
-/// that each take a contiguous run of pieces.
+/// may be shorter), `start` being the piece's offset in `out`. On one thread the pieces run
+/// in order on the calling thread; on `threads > 1` they are cut into up to
+/// `threads ×` [`TASKS_PER_THREAD`] tasks, each a contiguous run of pieces, which the
+/// threads share by work stealing.
 pub(crate) fn for_chunks<U: Send>(threads: usize, out: &mut [U], chunk: usize, f: &(impl Fn(usize, &mut [U]) + Sync)) {
     let chunk = chunk.max(1);
     let count = out.len().div_ceil(chunk);
-    split(out, 0, chunk, count, threads.clamp(1, count.max(1)), f);
+    let tasks = if threads > 1 { threads.saturating_mul(TASKS_PER_THREAD) } else { 1 };
+    split(out, 0, chunk, count, tasks.clamp(1, count.max(1)), f);
 }
 
 fn split<U: Send>(

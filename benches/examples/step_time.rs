@@ -6,6 +6,7 @@
 //! cargo build --release -p benches --example step_time
 //! target/release/examples/step_time W11 2          # WORKLOAD THREADS [STEPS]
 //! target/release/examples/step_time W11 1,2        # WORKLOAD 1,2 [ROUNDS]: interleaved E2
+//! target/release/examples/step_time W11 1,2 20 --ops   # and E2 per op kind
 //! ```
 //!
 //! Workloads: W1 (seed loop), W2 (MLP step), W7 (Hessian-vector product), W8, W8C (deep
@@ -20,6 +21,10 @@
 //! order alternating between rounds (default 15). Each round's E2 is the ratio of its two
 //! blocks' median step times, so a host that drifts between rounds moves both alike.
 //! Prints `WORKLOAD interleaved: T1 A ms, T2 B ms, E2 MEDIAN (Q1-Q3), R rounds of K steps`.
+//! With `--ops` both graphs also keep a per-op profile ([`tapir::Graph::set_profiling`])
+//! and a table follows: per op kind, forward and backward ms per step at 1 and 2 threads,
+//! their E2, and the time the op loses at 2 threads against perfect scaling
+//! (`2-thread ms − 1-thread ms / 2`), the ops that lose most first.
 
 use std::time::Instant;
 
@@ -71,7 +76,8 @@ fn main() {
     };
     if pair {
         let rounds = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(15).max(1);
-        interleaved(&name, &mut step, warm, (default_steps / 4).max(1), rounds);
+        let ops = args.iter().any(|a| a == "--ops");
+        interleaved(&name, &mut step, warm, (default_steps / 4).max(1), rounds, ops);
         return;
     }
     let steps = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(default_steps).max(warm + 1);
@@ -103,11 +109,15 @@ fn block_ms(step: &mut Step, g: &mut tapir::Graph<f32>, block: usize) -> f64 {
 
 /// The `1,2` mode (see the module doc): per round, a block on each graph, the order
 /// alternating; prints the medians and the quartiles of the rounds' E2.
-fn interleaved(name: &str, step: &mut Step, warm: usize, block: usize, rounds: usize) {
+fn interleaved(name: &str, step: &mut Step, warm: usize, block: usize, rounds: usize, ops: bool) {
     let (mut g1, mut g2) = (benches::graph(1), benches::graph(2));
     for _ in 0..warm {
         step(&mut g1);
         step(&mut g2);
+    }
+    for g in [&mut g1, &mut g2] {
+        g.set_profiling(ops);
+        g.reset_profile();
     }
     let (mut t1s, mut t2s, mut e2) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
@@ -127,4 +137,36 @@ fn interleaved(name: &str, step: &mut Step, warm: usize, block: usize, rounds: u
     let (q1, q3) = (q(0.25), q(0.75));
     let (t1, t2, mid) = (benches::median(&mut t1s), benches::median(&mut t2s), benches::median(&mut e2));
     println!("{name} interleaved: T1 {t1:.3} ms, T2 {t2:.3} ms, E2 {mid:.3} ({q1:.3}-{q3:.3}), {rounds} rounds of {block} steps");
+    if ops {
+        print_ops(&g1, &g2, rounds * block);
+    }
+}
+
+/// The `--ops` table: per op kind, ms per step at 1 and 2 threads and the 2-thread loss.
+fn print_ops(g1: &tapir::Graph<f32>, g2: &tapir::Graph<f32>, steps: usize) {
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps as f64;
+    // op -> [forward at 1, backward at 1, forward at 2, backward at 2]
+    let mut rows: Vec<(&'static str, [f64; 4])> = Vec::new();
+    for (i, g) in [g1, g2].into_iter().enumerate() {
+        for o in g.profile().ops {
+            let at = match rows.iter().position(|r| r.0 == o.op) {
+                Some(at) => at,
+                None => {
+                    rows.push((o.op, [0.0; 4]));
+                    rows.len() - 1
+                }
+            };
+            rows[at].1[2 * i] += per_step(o.forward);
+            rows[at].1[2 * i + 1] += per_step(o.backward);
+        }
+    }
+    let loss = |v: &[f64; 4]| v[2] + v[3] - (v[0] + v[1]) / 2.0;
+    rows.sort_by(|a, b| loss(&b.1).total_cmp(&loss(&a.1)));
+    let e2 = |one: f64, two: f64| if two > 0.0 { format!("{:.2}", one / (2.0 * two)) } else { "-".into() };
+    println!("| op | forward ms, 1 / 2 threads | E2 | backward ms, 1 / 2 threads | E2 | ms lost at 2 threads |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (op, v) in &rows {
+        let (f, b) = (e2(v[0], v[2]), e2(v[1], v[3]));
+        println!("| {op} | {:.3} / {:.3} | {f} | {:.3} / {:.3} | {b} | {:.3} |", v[0], v[2], v[1], v[3], loss(v));
+    }
 }

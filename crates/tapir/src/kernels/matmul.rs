@@ -3,8 +3,9 @@
 //! Row-major slices become faer views with `from_row_major_slice`; transposes are views
 //! (`.transpose()`), never copies; backward accumulates with `Accum::Add`.
 //!
-//! On more than one thread a large product is cut into one block of output columns (or
-//! rows) per thread, each a sequential faer call, run with `rayon::join`. faer 0.24's own
+//! On more than one thread a large product is cut into one tile of the output per thread
+//! (the longer side halved at each level, so a square output becomes a grid), each a
+//! sequential faer call, run with `rayon::join`. faer 0.24's own
 //! parallel product allocates its job table and lets its workers allocate packing buffers
 //! on every call (9 to 14 heap allocations per product); its sequential path packs into a
 //! buffer kept per thread, so after the first product on each pool thread the tiled
@@ -48,8 +49,12 @@ pub(crate) fn gemm<T>(
     // sequential calls, or runs whole on the calling thread. Matrix-vector products and
     // rank-1 updates (faer has special kernels for them) and products too small to share
     // run whole, and every tile keeps enough work to take faer's blocked path, as the whole
-    // product does (faer switches to a different small-matrix kernel below 16³).
-    let tasks = par.degree().min(m.max(n) / TILE_ALIGN).min(m.saturating_mul(n).saturating_mul(k) / MIN_TILE_MNK);
+    // product does (faer switches to a different small-matrix kernel below 16³). `tiles`
+    // halves the longer side at each level, so a square output (a weight gradient `xᵀ·dy`,
+    // 256×256 in W8) is cut into a grid: up to one task per 32×32 block, where capping the
+    // count at one per 32 rows or columns of the longer side left half of 16 threads idle.
+    let blocks = (m / TILE_ALIGN).saturating_mul(n / TILE_ALIGN).max(m.max(n) / TILE_ALIGN);
+    let tasks = par.degree().min(blocks).min(m.saturating_mul(n).saturating_mul(k) / MIN_TILE_MNK);
     if tasks > 1 && m.min(n) > 1 && k > 1 {
         tiles(dst, beta, a, b, tasks);
     } else {
@@ -172,14 +177,16 @@ const TILE_ALIGN: usize = 32;
 /// enough that splitting pays for the fork-join.
 const MIN_TILE_MNK: usize = 1 << 16;
 
-/// `dst ← a·b (+ dst)` as `threads` sequential faer calls on blocks of `dst`'s longer side.
+/// `dst ← a·b (+ dst)` as `threads` sequential faer calls on tiles of `dst`, halving the
+/// longer side at each level (so a square output becomes a grid).
 fn tiles<T>(dst: MatMut<'_, T>, beta: Accum, a: MatRef<'_, T>, b: MatRef<'_, T>, threads: usize)
 where
     T: faer::traits::ComplexField + faer::traits::Conjugate<Canonical = T> + Float,
 {
     let (m, n) = (dst.nrows(), dst.ncols());
     let long = m.max(n);
-    if threads <= 1 {
+    // A side shorter than two blocks is not cut: each tile keeps at least 32 rows or columns.
+    if threads <= 1 || long < 2 * TILE_ALIGN {
         sequential(dst, beta, a, b);
         return;
     }

@@ -162,6 +162,29 @@ fn long_reductions_in_k_blocks_match_the_naive_sum() {
     assert!(c.iter().zip(&want).all(|(x, w)| *x == w - 1.0), "replace ignores the old values");
 }
 
+#[test]
+fn tiled_products_give_the_bits_of_one_call_at_any_thread_count() {
+    // Non-integer entries, so a different order of summation would show in the bits. A
+    // square weight gradient `aᵀ·b` with a long (k-blocked) reduction is cut into a grid at
+    // 4 and more threads; 96×64 leaves a 32-wide tile that must not be cut again; the
+    // plain product is cut along its rows.
+    let data = |n: usize, seed: usize| -> Vec<f64> {
+        (0..n).map(|i| (((i * 7919 + seed * 104729) % 2003) as f64 / 997.0).sin()).collect()
+    };
+    for (m, k, n, a_t) in [(192, 1100, 160, true), (96, 700, 64, true), (256, 300, 96, false)] {
+        let (a, b) = (data(m * k, 1), data(k * n, 2));
+        let run = |par: faer::Par| {
+            let mut c = vec![0.0; m * n];
+            f64::gemm(&mut c, &a, a_t, &b, false, (m, k, n), false, par);
+            c.iter().map(|v| v.to_bits()).collect::<Vec<u64>>()
+        };
+        let one = run(faer::Par::Seq);
+        for t in [2, 3, 4, 7, 16] {
+            assert_eq!(one, run(faer::Par::rayon(t)), "{m}x{k}x{n} at {t} threads");
+        }
+    }
+}
+
 /// The split kernels of `par.rs`: chunking, bits at any thread count, sums.
 mod par_splits {
     use crate::kernels::par::*;

@@ -15,7 +15,7 @@
 #
 # With CAPACITY=1 each repetition also times `step_time W 1` pinned to CPU 0 and to CPU 1
 # (T1@0, T1@1). A virtual machine's two CPUs are not always equally fast (on the 2-core
-# development guest one ran W11 1.6x slower than the other for minutes at a time), and no
+# development guest one ran W11 1.3x slower than the other over 7 alternated runs), and no
 # split of the work can beat the two cores' combined speed: 2 threads at best take
 # T2* = 1 / (1/T1@0 + 1/T1@1). The extra columns are both medians and C2 = T2* / T2, the
 # share of that capacity a 2-thread step reaches; with equal cores C2 = E2.
